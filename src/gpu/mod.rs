@@ -1,0 +1,244 @@
+//! The hardware boundary: what migdra needs from NVML, as one trait.
+//!
+//! [`GpuBackend`] has two implementations: [`sim::SimBackend`], a faithful simulator used by the
+//! tests, the demo and `--sim`, and (later) the real NVML backend. Calls are blocking, like NVML;
+//! async callers run them on a blocking thread.
+
+pub mod sim;
+
+use crate::mig::catalog::GpuModel;
+use serde::{Deserialize, Serialize};
+
+/// NVML return codes that migdra distinguishes (values from nvml.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NvmlCode {
+    Uninitialized,
+    InvalidArgument,
+    NotSupported,
+    NoPermission,
+    NotFound,
+    InsufficientSize,
+    GpuIsLost,
+    ResetRequired,
+    InUse,
+    InsufficientResources,
+    ArgumentVersionMismatch,
+    Unknown,
+}
+
+impl NvmlCode {
+    /// Every code, for parsing and for error messages.
+    pub const ALL: [NvmlCode; 12] = [
+        Self::Uninitialized,
+        Self::InvalidArgument,
+        Self::NotSupported,
+        Self::NoPermission,
+        Self::NotFound,
+        Self::InsufficientSize,
+        Self::GpuIsLost,
+        Self::ResetRequired,
+        Self::InUse,
+        Self::InsufficientResources,
+        Self::ArgumentVersionMismatch,
+        Self::Unknown,
+    ];
+
+    /// The `nvmlReturn_t` value.
+    pub fn value(self) -> u32 {
+        match self {
+            Self::Uninitialized => 1,
+            Self::InvalidArgument => 2,
+            Self::NotSupported => 3,
+            Self::NoPermission => 4,
+            Self::NotFound => 6,
+            Self::InsufficientSize => 7,
+            Self::GpuIsLost => 15,
+            Self::ResetRequired => 16,
+            Self::InUse => 19,
+            Self::InsufficientResources => 23,
+            Self::ArgumentVersionMismatch => 25,
+            Self::Unknown => 999,
+        }
+    }
+
+    /// The code for an `nvmlReturn_t` value; anything unlisted is `Unknown`.
+    pub fn from_value(v: u32) -> Self {
+        Self::ALL.into_iter().find(|c| c.value() == v).unwrap_or(Self::Unknown)
+    }
+
+    /// The kebab-case name (`insufficient-resources`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Uninitialized => "uninitialized",
+            Self::InvalidArgument => "invalid-argument",
+            Self::NotSupported => "not-supported",
+            Self::NoPermission => "no-permission",
+            Self::NotFound => "not-found",
+            Self::InsufficientSize => "insufficient-size",
+            Self::GpuIsLost => "gpu-is-lost",
+            Self::ResetRequired => "reset-required",
+            Self::InUse => "in-use",
+            Self::InsufficientResources => "insufficient-resources",
+            Self::ArgumentVersionMismatch => "argument-version-mismatch",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// Parse a name (`in-use`) or a number (`19`).
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        if let Ok(v) = s.parse::<u32>() {
+            return Self::ALL.into_iter().find(|c| c.value() == v);
+        }
+        let norm = s.to_ascii_lowercase().replace('_', "-");
+        let norm = norm.strip_prefix("nvml-error-").unwrap_or(&norm);
+        Self::ALL.into_iter().find(|c| c.name() == norm)
+    }
+
+    /// The valid names, for error messages.
+    pub fn names() -> String {
+        let names: Vec<&str> = Self::ALL.iter().map(|c| c.name()).collect();
+        names.join(", ")
+    }
+}
+
+impl std::fmt::Display for NvmlCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.name(), self.value())
+    }
+}
+
+/// Errors of the hardware layer.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// An NVML call returned an error code.
+    #[error("{op} failed on GPU {gpu}: {code}")]
+    Nvml { op: &'static str, gpu: String, code: NvmlCode },
+    /// No GPU with this UUID on the node.
+    #[error("no GPU {0} on this node")]
+    UnknownGpu(String),
+    /// The simulator state file could not be read or written.
+    #[error("simulator state {path}: {reason}")]
+    SimState { path: String, reason: String },
+    /// Bad input to the simulator (a spec, a fault description).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl GpuError {
+    /// The NVML code, when this is an NVML error.
+    pub fn code(&self) -> Option<NvmlCode> {
+        match self {
+            Self::Nvml { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+/// A physical GPU as discovery reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// NVML index (PCI bus order).
+    pub index: u32,
+    /// Device minor: `/dev/nvidia<minor>`. Often not the index.
+    pub minor: u32,
+    /// `GPU-…`
+    pub uuid: String,
+    /// NVML bus ID, `00000000:18:00.0`.
+    pub pci_bus_id: String,
+    /// The catalog key of the model, when it is one migdra knows.
+    pub model: String,
+    pub product_name: String,
+    pub memory_mib: u64,
+    /// Current MIG mode.
+    pub mig_enabled: bool,
+    pub driver_version: String,
+    pub cuda_compute_capability: (u32, u32),
+    /// False after a simulated or real XID that makes the GPU unusable.
+    #[serde(default = "yes")]
+    pub healthy: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A GPU instance that exists on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInstance {
+    /// Driver-assigned GI ID; not a function of the placement.
+    pub id: u32,
+    pub profile_id: u32,
+    /// Placement start, in memory slices.
+    pub start: u32,
+    /// Placement size, in memory slices.
+    pub size: u32,
+}
+
+/// A compute instance inside a GPU instance: one MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeInstance {
+    /// CI ID, starting at 0 inside its GI.
+    pub id: u32,
+    pub gi_id: u32,
+    pub profile_id: u32,
+    /// Placement start inside the GI, in compute slices.
+    pub start: u32,
+    pub size: u32,
+    /// `MIG-…`, the UUID CUDA_VISIBLE_DEVICES takes.
+    pub uuid: String,
+}
+
+/// What migdra needs from NVML. Every GPU is named by its UUID.
+pub trait GpuBackend: Send + Sync {
+    /// Every GPU on the node, in NVML index order.
+    fn gpus(&self) -> Result<Vec<GpuInfo>>;
+    /// The catalog model of a GPU (for unknown MIG GPUs, built from NVML's own profile queries).
+    fn model(&self, gpu: &str) -> Result<GpuModel>;
+    /// Every GPU instance on a GPU.
+    fn gpu_instances(&self, gpu: &str) -> Result<Vec<GpuInstance>>;
+    /// Create a GI at exactly this placement (CreateGpuInstanceWithPlacement).
+    fn create_gpu_instance(&self, gpu: &str, profile_id: u32, start: u32) -> Result<GpuInstance>;
+    /// Destroy a GI; IN_USE while it still has a CI or a process.
+    fn destroy_gpu_instance(&self, gpu: &str, gi_id: u32) -> Result<()>;
+    /// Every CI inside a GI.
+    fn compute_instances(&self, gpu: &str, gi_id: u32) -> Result<Vec<ComputeInstance>>;
+    /// Create a CI of this CI profile inside a GI; the result carries the MIG UUID.
+    fn create_compute_instance(&self, gpu: &str, gi_id: u32, ci_profile_id: u32) -> Result<ComputeInstance>;
+    /// Destroy a CI; IN_USE while a process runs on it.
+    fn destroy_compute_instance(&self, gpu: &str, gi_id: u32, ci_id: u32) -> Result<()>;
+    /// The boot ID instances belong to: they vanish when it changes.
+    fn boot_id(&self) -> Result<String>;
+}
+
+/// `/dev/nvidia-caps/nvidia-cap<N>` minors of a GI and a CI, from the predetermined table in
+/// `/proc/driver/nvidia-caps/mig-minors` (facts §4; fits every sample listed there).
+pub fn capability_minors(gpu_minor: u32, gi_id: u32, ci_id: u32) -> (u32, u32) {
+    let gi = 3 + 135 * gpu_minor + 9 * gi_id;
+    (gi, gi + 1 + ci_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_minors_match_the_samples_in_the_facts() {
+        assert_eq!(capability_minors(0, 1, 0), (12, 13));
+        assert_eq!(capability_minors(0, 1, 2).1, 15);
+        assert_eq!(capability_minors(3, 3, 3).1, 439);
+        assert_eq!(capability_minors(31, 14, 7).1, 4322);
+    }
+
+    #[test]
+    fn nvml_codes_parse_by_name_and_number() {
+        assert_eq!(NvmlCode::parse("23"), Some(NvmlCode::InsufficientResources));
+        assert_eq!(NvmlCode::parse("IN_USE"), Some(NvmlCode::InUse));
+        assert_eq!(NvmlCode::parse("NVML_ERROR_NOT_FOUND"), Some(NvmlCode::NotFound));
+        assert_eq!(NvmlCode::parse("bogus"), None);
+        assert_eq!(NvmlCode::from_value(25), NvmlCode::ArgumentVersionMismatch);
+    }
+}
