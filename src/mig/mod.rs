@@ -4,3 +4,7 @@
 pub mod catalog;
 mod models;
 pub mod rules;
+pub mod counters;
+pub mod naming;
+pub mod proof;
+pub mod devices;

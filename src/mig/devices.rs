@@ -1,0 +1,339 @@
+//! The DRA devices one GPU offers, with the attributes, capacities and counter consumption of
+//! DESIGN.md's contracts. Pure data: the publisher turns it into ResourceSlices.
+
+use super::catalog::{GiProfile, GpuModel};
+use super::counters::{self, Counters};
+use super::naming::DeviceName;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The standard attribute for a PCI bus ID (KEP-4817).
+pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// Attributes and capacities per device, everywhere (k8s `ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+
+/// How migdra treats a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// MIG off: the GPU is one device.
+    Full,
+    /// MIG on, migdra owns every instance and publishes every possible partition.
+    Dynamic,
+    /// MIG on, instances made by an administrator; migdra publishes exactly those.
+    Static,
+}
+
+impl GpuMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "disabled",
+            Self::Dynamic => "dynamic",
+            Self::Static => "static",
+        }
+    }
+}
+
+/// What the device model needs to know about one physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuIdentity {
+    pub index: u32,
+    pub minor: u32,
+    pub uuid: String,
+    pub pci_bus_id: String,
+    pub product_name: String,
+    pub memory_mib: u64,
+    pub driver_version: String,
+    pub cuda_compute_capability: (u32, u32),
+    /// The GPU's index in Slurm's GRES list.
+    pub slurm_index: u32,
+    /// Slurm shards that stand for the whole GPU.
+    pub shards_per_gpu: u32,
+}
+
+/// A DRA device attribute value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttributeValue {
+    Int(i64),
+    Bool(bool),
+    String(String),
+    /// Semantic version 2.0.0.
+    Version(String),
+}
+
+/// A capacity amount; memory in MiB, everything else a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Quantity {
+    Count(u64),
+    MiB(u64),
+}
+
+impl std::fmt::Display for Quantity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Count(n) => write!(f, "{n}"),
+            Self::MiB(n) => write!(f, "{n}Mi"),
+        }
+    }
+}
+
+/// One DRA device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Device {
+    pub name: String,
+    /// Bare keys live in the driver's domain; qualified ones (with `/`) stand as they are.
+    pub attributes: BTreeMap<String, AttributeValue>,
+    pub capacity: BTreeMap<String, Quantity>,
+    /// The counter set this device draws from, and how much; `None` for devices that need no
+    /// counters (MIG off, static instances).
+    pub consumes: Option<(String, Counters)>,
+}
+
+/// A MIG instance that already exists (static mode, or one migdra made).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingInstance {
+    pub profile_id: u32,
+    pub start: u32,
+    pub uuid: String,
+}
+
+/// Semantic version from a driver or CUDA version: `580.95.05` → `580.95.5`, `9.0` → `9.0.0`.
+pub fn semver(v: &str) -> String {
+    let mut parts: Vec<String> =
+        v.split('.').take(3).map(|p| p.trim().parse::<u64>().map_or_else(|_| "0".into(), |n| n.to_string())).collect();
+    parts.resize(3, "0".into());
+    parts.join(".")
+}
+
+/// Shards a partition of `size` memory slices stands for: ceil(size × shards / slices).
+pub fn shards_for(size: u32, memory_slices: u32, shards_per_gpu: u32) -> u32 {
+    (size * shards_per_gpu).div_ceil(memory_slices.max(1))
+}
+
+fn common(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode) -> BTreeMap<String, AttributeValue> {
+    use AttributeValue::*;
+    let (major, minor) = gpu.cuda_compute_capability;
+    BTreeMap::from([
+        ("productName".into(), String(gpu.product_name.clone())),
+        ("index".into(), Int(gpu.index.into())),
+        ("minor".into(), Int(gpu.minor.into())),
+        ("slurmGpuIndex".into(), Int(gpu.slurm_index.into())),
+        ("migMode".into(), String(mode.as_str().into())),
+        ("architecture".into(), String(model.architecture.clone())),
+        ("cudaComputeCapability".into(), Version(semver(&format!("{major}.{minor}")))),
+        ("driverVersion".into(), Version(semver(&gpu.driver_version))),
+        (PCI_BUS_ID.into(), String(gpu.pci_bus_id.clone())),
+    ])
+}
+
+/// The whole GPU as one device; with `counters`, it consumes the GPU's entire counter set.
+pub fn full_gpu_device(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode, counters: bool) -> Device {
+    use AttributeValue::*;
+    let mut attributes = common(model, gpu, mode);
+    attributes.insert("type".into(), String("gpu".into()));
+    attributes.insert("uuid".into(), String(gpu.uuid.clone()));
+    attributes.insert("slurmShards".into(), Int(gpu.shards_per_gpu.into()));
+    attributes.insert("memorySlices".into(), Int(model.memory_slices.into()));
+    attributes.insert("computeSlices".into(), Int(model.compute_slices.into()));
+    let cap = counters::capacity(model);
+    let engines = |k: &str| Quantity::Count(cap.get(k).copied().unwrap_or(0));
+    let capacity = BTreeMap::from([
+        ("multiprocessors".into(), Quantity::Count(model.multiprocessors.into())),
+        ("memory".into(), Quantity::MiB(gpu.memory_mib)),
+        ("copyEngines".into(), engines(counters::COPY_ENGINES)),
+        ("decoders".into(), engines(counters::DECODERS)),
+        ("encoders".into(), engines(counters::ENCODERS)),
+        ("jpegEngines".into(), engines(counters::JPEG_ENGINES)),
+        ("ofaEngines".into(), engines(counters::OFA_ENGINES)),
+    ]);
+    Device {
+        name: DeviceName::Gpu { minor: gpu.minor }.to_string(),
+        attributes,
+        capacity,
+        consumes: counters
+            .then(|| (counters::counter_set_name(gpu.minor), counters::full_gpu_consumption(model))),
+    }
+}
+
+/// One MIG partition: `uuid` when the instance exists; with `counters`, it consumes its share of
+/// the parent's counter set.
+pub fn mig_device(
+    model: &GpuModel,
+    gpu: &GpuIdentity,
+    mode: GpuMode,
+    profile: &GiProfile,
+    start: u32,
+    uuid: Option<&str>,
+    counters: bool,
+) -> Device {
+    use AttributeValue::*;
+    let mut attributes = common(model, gpu, mode);
+    let ints = [
+        ("profileId", profile.id),
+        ("placementStart", start),
+        ("placementSize", profile.memory_slices),
+        ("memorySlices", profile.memory_slices),
+        ("computeSlices", profile.compute_slices),
+        ("slurmShards", shards_for(profile.memory_slices, model.memory_slices, gpu.shards_per_gpu)),
+    ];
+    attributes.extend(ints.map(|(k, v)| (k.to_string(), Int(v.into()))));
+    attributes.insert("type".into(), String("mig".into()));
+    attributes.insert("profile".into(), String(profile.name.clone()));
+    attributes.insert("parentUUID".into(), String(gpu.uuid.clone()));
+    if let Some(uuid) = uuid {
+        attributes.insert("uuid".into(), String(uuid.to_string()));
+    }
+    let e = &profile.engines;
+    let capacity = BTreeMap::from([
+        ("multiprocessors".into(), Quantity::Count(profile.multiprocessors.into())),
+        ("memory".into(), Quantity::MiB(profile.memory_mib)),
+        ("copyEngines".into(), Quantity::Count(e.copy.into())),
+        ("decoders".into(), Quantity::Count(e.decoders.into())),
+        ("encoders".into(), Quantity::Count(e.encoders.into())),
+        ("jpegEngines".into(), Quantity::Count(e.jpeg.into())),
+        ("ofaEngines".into(), Quantity::Count(e.ofa.into())),
+    ]);
+    Device {
+        name: DeviceName::mig(gpu.minor, &profile.name, profile.id, start).to_string(),
+        attributes,
+        capacity,
+        consumes: counters
+            .then(|| (counters::counter_set_name(gpu.minor), counters::mig_consumption(profile, start))),
+    }
+}
+
+/// Every device of one GPU.
+///
+/// - `Full`: the GPU alone.
+/// - `Dynamic`: every profile × placement consuming the counters, plus the whole GPU when it may
+///   be used whole (`whole_gpu`: the operator allows MIG mode changes on Hopper and newer).
+///   Partitions that exist already carry their UUID.
+/// - `Static`: exactly the existing instances.
+pub fn gpu_devices(
+    model: &GpuModel,
+    gpu: &GpuIdentity,
+    mode: GpuMode,
+    whole_gpu: bool,
+    existing: &[ExistingInstance],
+) -> Vec<Device> {
+    let uuid_at =
+        |p: &GiProfile, s: u32| existing.iter().find(|e| e.profile_id == p.id && e.start == s).map(|e| e.uuid.as_str());
+    match mode {
+        GpuMode::Full => vec![full_gpu_device(model, gpu, mode, false)],
+        GpuMode::Dynamic => {
+            let mut out = Vec::new();
+            if whole_gpu && model.supports_mig_mode_toggle() {
+                out.push(full_gpu_device(model, gpu, mode, true));
+            }
+            for p in &model.profiles {
+                for &s in &p.placements {
+                    out.push(mig_device(model, gpu, mode, p, s, uuid_at(p, s), true));
+                }
+            }
+            out
+        }
+        GpuMode::Static => existing
+            .iter()
+            .filter_map(|e| {
+                let p = model.profile(e.profile_id)?;
+                Some(mig_device(model, gpu, mode, p, e.start, Some(&e.uuid), false))
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::catalog::{model, models};
+    use crate::mig::naming::is_dns_label;
+
+    fn identity(model: &GpuModel) -> GpuIdentity {
+        GpuIdentity {
+            index: 2,
+            minor: 3,
+            uuid: "GPU-11111111-2222-3333-4444-555555555555".into(),
+            pci_bus_id: "00000000:3B:00.0".into(),
+            product_name: model.product_name.clone(),
+            memory_mib: model.memory_mib,
+            driver_version: "580.95.05".into(),
+            cuda_compute_capability: model.cuda_compute_capability,
+            slurm_index: 5,
+            shards_per_gpu: model.memory_slices,
+        }
+    }
+
+    #[test]
+    fn every_device_of_every_model_is_within_the_limits() {
+        for m in models() {
+            let gpu = identity(m);
+            for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[]) {
+                assert!(is_dns_label(&d.name), "{}", d.name);
+                assert!(d.attributes.len() + d.capacity.len() <= MAX_ATTRIBUTES_AND_CAPACITIES, "{}", d.name);
+                let (set, used) = d.consumes.as_ref().expect("dynamic devices consume counters");
+                assert_eq!(set, "gpu-3-counters");
+                assert!(used.len() <= 32);
+                for (k, v) in &d.attributes {
+                    if let AttributeValue::String(s) | AttributeValue::Version(s) = v {
+                        assert!(s.len() <= 64, "{k}");
+                    }
+                    let bare = k.rsplit('/').next().unwrap();
+                    assert!(bare.len() <= 32 && bare.chars().all(|c| c.is_ascii_alphanumeric()), "{k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn h100_dynamic_devices_carry_the_contract_attributes() {
+        let m = model("h100-80gb").unwrap();
+        let gpu = identity(m);
+        let devices = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[]);
+        assert_eq!(devices.len(), 1 + 7 + 7 + 4 + 3 + 2 + 1 + 1);
+        let d = devices.iter().find(|d| d.name == "gpu-3-mig-3g40gb-9-4").unwrap();
+        let a = |k: &str| d.attributes[k].clone();
+        assert_eq!(a("type"), AttributeValue::String("mig".into()));
+        assert_eq!(a("profileId"), AttributeValue::Int(9));
+        assert_eq!(a("placementStart"), AttributeValue::Int(4));
+        assert_eq!(a("placementSize"), AttributeValue::Int(4));
+        assert_eq!(a("slurmGpuIndex"), AttributeValue::Int(5));
+        assert_eq!(a("slurmShards"), AttributeValue::Int(4));
+        assert_eq!(a("driverVersion"), AttributeValue::Version("580.95.5".into()));
+        assert_eq!(a("cudaComputeCapability"), AttributeValue::Version("9.0.0".into()));
+        assert_eq!(a(PCI_BUS_ID), AttributeValue::String("00000000:3B:00.0".into()));
+        assert!(!d.attributes.contains_key("uuid"), "no UUID before the instance exists");
+        assert_eq!(d.capacity["memory"].to_string(), "40448Mi");
+        assert_eq!(devices[0].name, "gpu-3");
+    }
+
+    #[test]
+    fn whole_gpu_is_offered_on_mig_gpus_only_where_the_mode_may_change() {
+        let a100 = model("a100-40gb").unwrap();
+        let gpu = identity(a100);
+        assert!(gpu_devices(a100, &gpu, GpuMode::Dynamic, true, &[]).iter().all(|d| d.name != "gpu-3"));
+        let full = gpu_devices(a100, &gpu, GpuMode::Full, false, &[]);
+        assert_eq!(full.len(), 1);
+        assert!(full[0].consumes.is_none());
+    }
+
+    #[test]
+    fn static_mode_publishes_exactly_the_existing_instances_with_uuids() {
+        let m = model("h100-80gb").unwrap();
+        let existing = [ExistingInstance { profile_id: 19, start: 6, uuid: "MIG-a".into() }];
+        let devices = gpu_devices(m, &identity(m), GpuMode::Static, true, &existing);
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].name, "gpu-3-mig-1g10gb-19-6");
+        assert_eq!(devices[0].attributes["uuid"], AttributeValue::String("MIG-a".into()));
+        assert_eq!(devices[0].attributes["slurmShards"], AttributeValue::Int(1));
+    }
+
+    #[test]
+    fn versions_become_semver() {
+        assert_eq!(semver("580.95.05"), "580.95.5");
+        assert_eq!(semver("12.0"), "12.0.0");
+        assert_eq!(semver("550"), "550.0.0");
+        assert_eq!(shards_for(3, 12, 12), 3);
+        assert_eq!(shards_for(1, 8, 10), 2);
+    }
+}
