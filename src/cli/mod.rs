@@ -1,6 +1,109 @@
-//! The `migdra` subcommands.
+//! The `migdra` subcommands: clap types here, one file per command, exit codes at the edge.
+//!
+//! Exit codes: 0 success, 2 bad input (the message names the bad value and the valid choices),
+//! 1 any other failure. Every error is one line.
+
+mod backend;
+mod layout;
+mod output;
+mod profiles;
+mod sim;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+pub use output::Format;
+
+/// migdra: Kubernetes DRA kubelet plugin for NVIDIA MIG GPUs.
+#[derive(Debug, Parser)]
+#[command(name = "migdra", version, about, disable_help_subcommand = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub global: Global,
+}
+
+/// Flags every subcommand shares; each has an environment twin.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Global {
+    /// Simulated GPUs instead of NVML: MODEL:COUNT[:mig-off][,...], e.g. h100-80gb:2,a100-40gb:1:mig-off
+    #[arg(long, global = true, env = "MIGDRA_SIM", value_name = "SPEC")]
+    pub sim: Option<String>,
+    /// File holding the simulated hardware, shared by every process that names it
+    #[arg(long, global = true, env = "MIGDRA_SIM_STATE", value_name = "FILE")]
+    pub sim_state: Option<std::path::PathBuf>,
+    /// Output format
+    #[arg(short = 'o', long, global = true, env = "MIGDRA_OUTPUT", value_enum, default_value_t)]
+    pub output: Format,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// GPU instance profiles and placements of a model, like `nvidia-smi mig -lgip` and `-lgipp`
+    Profiles(profiles::Args),
+    /// Each GPU's memory slices and the MIG instance holding each
+    Layout,
+    /// Drive the simulated GPUs by hand
+    #[command(subcommand)]
+    Sim(sim::SimCommand),
+}
+
+/// How a command failed: bad input (exit 2) or anything else (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+pub type CliResult = Result<(), CliError>;
+
+impl From<crate::gpu::GpuError> for CliError {
+    fn from(e: crate::gpu::GpuError) -> Self {
+        use crate::gpu::{GpuError, NvmlCode};
+        match &e {
+            GpuError::Invalid(_) | GpuError::UnknownGpu(_) | GpuError::SimState { .. } => Self::Usage(e.to_string()),
+            GpuError::Nvml { code: NvmlCode::InvalidArgument, .. } => Self::Usage(e.to_string()),
+            GpuError::Nvml { .. } => Self::Failed(e.to_string()),
+        }
+    }
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Failed(format!("failed to write output: {e}"))
+    }
+}
+
+/// Run the CLI with these arguments, writing to `out`.
+pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
+    match cli.command {
+        Command::Profiles(args) => profiles::run(&args, &cli.global, out),
+        Command::Layout => layout::run(&cli.global, out),
+        Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),
+    }
+}
 
 /// Entry point of the binary.
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    match run(cli, &mut stdout) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            output::error_line(&e.to_string());
+            ExitCode::from(match e {
+                CliError::Usage(_) => 2,
+                CliError::Failed(_) => 1,
+            })
+        }
+    }
 }

@@ -116,7 +116,7 @@ pub enum GpuError {
     #[error("{op} failed on GPU {gpu}: {code}")]
     Nvml { op: &'static str, gpu: String, code: NvmlCode },
     /// No GPU with this UUID on the node.
-    #[error("no GPU {0} on this node")]
+    #[error("no GPU {0}")]
     UnknownGpu(String),
     /// The simulator state file could not be read or written.
     #[error("simulator state {path}: {reason}")]

@@ -151,8 +151,7 @@ pub fn full_gpu_device(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode, count
         name: DeviceName::Gpu { minor: gpu.minor }.to_string(),
         attributes,
         capacity,
-        consumes: counters
-            .then(|| (counters::counter_set_name(gpu.minor), counters::full_gpu_consumption(model))),
+        consumes: counters.then(|| (counters::counter_set_name(gpu.minor), counters::full_gpu_consumption(model))),
     }
 }
 
@@ -198,8 +197,7 @@ pub fn mig_device(
         name: DeviceName::mig(gpu.minor, &profile.name, profile.id, start).to_string(),
         attributes,
         capacity,
-        consumes: counters
-            .then(|| (counters::counter_set_name(gpu.minor), counters::mig_consumption(profile, start))),
+        consumes: counters.then(|| (counters::counter_set_name(gpu.minor), counters::mig_consumption(profile, start))),
     }
 }
 
@@ -303,7 +301,7 @@ mod tests {
         assert_eq!(a("cudaComputeCapability"), AttributeValue::Version("9.0.0".into()));
         assert_eq!(a(PCI_BUS_ID), AttributeValue::String("00000000:3B:00.0".into()));
         assert!(!d.attributes.contains_key("uuid"), "no UUID before the instance exists");
-        assert_eq!(d.capacity["memory"].to_string(), "40448Mi");
+        assert_eq!(d.capacity["memory"].to_string(), "40192Mi");
         assert_eq!(devices[0].name, "gpu-3");
     }
 

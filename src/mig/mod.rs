@@ -2,9 +2,10 @@
 //! devices a GPU offers. Nothing here does I/O, so all of it is tested exhaustively.
 
 pub mod catalog;
-mod models;
-pub mod rules;
 pub mod counters;
+pub mod devices;
+pub mod discovered;
+mod models;
 pub mod naming;
 pub mod proof;
-pub mod devices;
+pub mod rules;

@@ -18,7 +18,9 @@ pub enum DeviceName {
 
 /// Why a string is not a migdra device name.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("invalid device name {name:?}: {reason}; expected gpu-<minor> or gpu-<minor>-mig-<profile>-<profileId>-<start>, e.g. gpu-0-mig-3g40gb-9-4")]
+#[error(
+    "invalid device name {name:?}: {reason}; expected gpu-<minor> or gpu-<minor>-mig-<profile>-<profileId>-<start>, e.g. gpu-0-mig-3g40gb-9-4"
+)]
 pub struct NameError {
     pub name: String,
     pub reason: &'static str,

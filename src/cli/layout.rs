@@ -1,0 +1,128 @@
+//! `migdra layout`: each GPU's memory slices and which instance holds each, as a compact
+//! picture, or as JSON listing every instance. Reads only; never changes the hardware.
+
+use super::{CliResult, Format, Global, backend, output};
+use crate::gpu::{ComputeInstance, GpuBackend, GpuInfo};
+use crate::mig::naming::DeviceName;
+use serde::Serialize;
+use std::io::Write;
+
+#[derive(Serialize)]
+struct GpuView {
+    #[serde(flatten)]
+    gpu: GpuInfo,
+    memory_slices: u32,
+    instances: Vec<InstanceView>,
+}
+
+#[derive(Serialize)]
+struct InstanceView {
+    device: String,
+    profile: String,
+    profile_id: u32,
+    placement: Placement,
+    gpu_instance_id: u32,
+    compute_instances: Vec<ComputeInstance>,
+}
+
+#[derive(Serialize)]
+struct Placement {
+    start: u32,
+    size: u32,
+}
+
+#[derive(Serialize)]
+struct LayoutView {
+    boot_id: String,
+    gpus: Vec<GpuView>,
+}
+
+pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
+    let backend = backend::open(global)?;
+    let layout = read(backend.as_ref())?;
+    match global.output {
+        Format::Json => output::json(out, &layout)?,
+        Format::Table => picture(&layout, out)?,
+    }
+    Ok(())
+}
+
+fn read(backend: &dyn GpuBackend) -> Result<LayoutView, crate::gpu::GpuError> {
+    let mut gpus = Vec::new();
+    for gpu in backend.gpus()? {
+        let model = backend.model(&gpu.uuid)?;
+        let mut instances = Vec::new();
+        if gpu.mig_enabled {
+            let mut gis = backend.gpu_instances(&gpu.uuid)?;
+            gis.sort_by_key(|g| g.start);
+            for gi in gis {
+                let profile = model
+                    .profile(gi.profile_id)
+                    .map_or_else(|| format!("profile {}", gi.profile_id), |p| p.name.clone());
+                instances.push(InstanceView {
+                    device: DeviceName::mig(gpu.minor, &profile, gi.profile_id, gi.start).to_string(),
+                    profile,
+                    profile_id: gi.profile_id,
+                    placement: Placement { start: gi.start, size: gi.size },
+                    gpu_instance_id: gi.id,
+                    compute_instances: backend.compute_instances(&gpu.uuid, gi.id)?,
+                });
+            }
+        }
+        gpus.push(GpuView { gpu, memory_slices: model.memory_slices, instances });
+    }
+    Ok(LayoutView { boot_id: backend.boot_id()?, gpus })
+}
+
+/// One block per GPU: a header, a row of slice numbers, a row of letters naming the instance on
+/// each slice (`.` free), and a legend line per instance.
+fn picture(layout: &LayoutView, out: &mut dyn Write) -> std::io::Result<()> {
+    for (n, v) in layout.gpus.iter().enumerate() {
+        if n > 0 {
+            writeln!(out)?;
+        }
+        let g = &v.gpu;
+        let health = if g.healthy { "" } else { "  UNHEALTHY" };
+        writeln!(
+            out,
+            "GPU {}  minor {}  {}  {}  {}  {}{health}",
+            g.index,
+            g.minor,
+            g.product_name,
+            g.pci_bus_id,
+            g.uuid,
+            if g.mig_enabled { "MIG on" } else { "MIG off" }
+        )?;
+        if !g.mig_enabled {
+            writeln!(out, "  whole GPU (MIG off): device gpu-{}", g.minor)?;
+            continue;
+        }
+        let mut owner = vec!['.'; v.memory_slices as usize];
+        for (i, inst) in v.instances.iter().enumerate() {
+            let letter = char::from(b'A' + (i % 26) as u8);
+            for s in inst.placement.start..inst.placement.start + inst.placement.size {
+                if let Some(o) = owner.get_mut(s as usize) {
+                    *o = letter;
+                }
+            }
+        }
+        let numbers: String = (0..v.memory_slices).map(|s| format!("{s:>3}")).collect();
+        let cells: String = owner.iter().map(|c| format!("{c:>3}")).collect();
+        writeln!(out, "  slice{numbers}")?;
+        writeln!(out, "       {cells}")?;
+        if v.instances.is_empty() {
+            writeln!(out, "  (no MIG instances)")?;
+        }
+        for (i, inst) in v.instances.iter().enumerate() {
+            let letter = char::from(b'A' + (i % 26) as u8);
+            let cis: Vec<String> = inst.compute_instances.iter().map(|c| format!("CI {} {}", c.id, c.uuid)).collect();
+            let cis = if cis.is_empty() { "no CI".to_string() } else { cis.join(", ") };
+            writeln!(
+                out,
+                "  {letter}  {:<14} {:>2}:{:<2} GI {:<2} {cis}  {}",
+                inst.profile, inst.placement.start, inst.placement.size, inst.gpu_instance_id, inst.device
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! `migdra profiles`: the catalog, read like `nvidia-smi mig -lgip` and `-lgipp` combined.
+
+use super::{CliError, CliResult, Format, Global, output};
+use crate::mig::catalog::{self, Evidence, GiProfile, GpuModel};
+use serde::Serialize;
+use std::io::Write;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// GPU model (e.g. h100-80gb); without it, the models of --sim, or every model
+    #[arg(long, env = "MIGDRA_MODEL")]
+    pub model: Option<String>,
+}
+
+/// JSON view of one model.
+#[derive(Serialize)]
+struct ModelView<'a> {
+    model: &'a str,
+    product_name: &'a str,
+    architecture: &'a str,
+    pci_device_ids: Vec<String>,
+    memory_slices: u32,
+    compute_slices: u32,
+    evidence: Evidence,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    note: &'a str,
+    profiles: Vec<ProfileView<'a>>,
+}
+
+#[derive(Serialize)]
+struct ProfileView<'a> {
+    #[serde(flatten)]
+    profile: &'a GiProfile,
+    placement_list: Vec<Placement>,
+}
+
+#[derive(Serialize)]
+struct Placement {
+    start: u32,
+    size: u32,
+}
+
+pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
+    let models = selected(args, global)?;
+    match global.output {
+        Format::Json => {
+            let views: Vec<ModelView> = models.iter().map(|m| view(m)).collect();
+            if args.model.is_some() { output::json(out, &views[0])? } else { output::json(out, &views)? }
+        }
+        Format::Table => {
+            for (i, m) in models.iter().enumerate() {
+                if i > 0 {
+                    writeln!(out)?;
+                }
+                table(m, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn selected(args: &Args, global: &Global) -> Result<Vec<&'static GpuModel>, CliError> {
+    if let Some(key) = &args.model {
+        let m = catalog::model(key).ok_or_else(|| {
+            CliError::Usage(format!("unknown model {key:?}; valid models: {}", catalog::model_keys()))
+        })?;
+        return Ok(vec![m]);
+    }
+    if let Some(spec) = &global.sim {
+        let spec = crate::gpu::sim::SimSpec::parse(spec)?;
+        let mut keys: Vec<&'static GpuModel> = Vec::new();
+        for m in spec.models() {
+            if !keys.iter().any(|k| k.key == m.key) {
+                keys.push(m);
+            }
+        }
+        return Ok(keys);
+    }
+    Ok(catalog::models().iter().collect())
+}
+
+fn view(m: &GpuModel) -> ModelView<'_> {
+    ModelView {
+        model: &m.key,
+        product_name: &m.product_name,
+        architecture: &m.architecture,
+        pci_device_ids: m.pci_device_ids.iter().map(|id| format!("0x{id:04X}")).collect(),
+        memory_slices: m.memory_slices,
+        compute_slices: m.compute_slices,
+        evidence: m.evidence,
+        note: &m.note,
+        profiles: m
+            .profiles
+            .iter()
+            .map(|p| ProfileView {
+                profile: p,
+                placement_list: p.placements.iter().map(|&start| Placement { start, size: p.memory_slices }).collect(),
+            })
+            .collect(),
+    }
+}
+
+fn table(m: &GpuModel, out: &mut dyn Write) -> std::io::Result<()> {
+    let ids: Vec<String> = m.pci_device_ids.iter().map(|id| format!("0x{id:04X}")).collect();
+    writeln!(
+        out,
+        "{} ({}, {}): {} memory slices, {} compute slices, PCI {}",
+        m.product_name,
+        m.key,
+        m.architecture,
+        m.memory_slices,
+        m.compute_slices,
+        ids.join(" ")
+    )?;
+    let header = [
+        "NAME",
+        "IDX",
+        "ID",
+        "MAX",
+        "GiB",
+        "SM",
+        "CE",
+        "DEC",
+        "ENC",
+        "JPG",
+        "OFA",
+        "PLACEMENTS",
+        "CI (ID:COUNT)",
+        "EVIDENCE",
+    ];
+    let rows: Vec<Vec<String>> = m
+        .profiles
+        .iter()
+        .map(|p| {
+            let e = &p.engines;
+            let cis: Vec<String> = p
+                .ci_profiles
+                .iter()
+                .map(|c| format!("{}{}:{}", c.id, if c.is_default { "*" } else { "" }, c.max_instances))
+                .collect();
+            let evidence = match p.evidence {
+                Evidence::Observed => "observed",
+                Evidence::Inferred => "inferred",
+                Evidence::Unverified => "UNVERIFIED",
+            };
+            vec![
+                p.name.clone(),
+                p.index.to_string(),
+                p.id.to_string(),
+                p.max_instances.to_string(),
+                format!("{:.2}", p.memory_mib as f64 / 1024.0),
+                p.multiprocessors.to_string(),
+                e.copy.to_string(),
+                e.decoders.to_string(),
+                e.encoders.to_string(),
+                e.jpeg.to_string(),
+                e.ofa.to_string(),
+                p.placements_text(),
+                cis.join(" "),
+                evidence.to_string(),
+            ]
+        })
+        .collect();
+    output::table(out, &header, &rows)?;
+    for p in m.profiles.iter().filter(|p| !p.note.is_empty()) {
+        writeln!(out, "  {}: {}", p.name, p.note)?;
+    }
+    if !m.note.is_empty() {
+        writeln!(out, "  note: {}", m.note)?;
+    }
+    Ok(())
+}

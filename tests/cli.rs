@@ -1,0 +1,197 @@
+//! The `migdra` binary as an operator runs it: output formats, the simulator commands, and the
+//! bad-input contract (one line naming the bad value and the valid choices, exit 2, state file
+//! untouched).
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn migdra(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_migdra"))
+        .args(args)
+        .env_remove("MIGDRA_SIM")
+        .env_remove("MIGDRA_SIM_STATE")
+        .env_remove("MIGDRA_SIM_FAULTS")
+        .env_remove("MIGDRA_OUTPUT")
+        .output()
+        .expect("run migdra")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = migdra(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs a command that must fail as bad input and returns its one error line.
+fn usage_error(args: &[&str]) -> String {
+    let out = migdra(args);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(out.stdout.is_empty());
+    stderr
+}
+
+fn state_arg(path: &Path) -> String {
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn profiles_json_lists_h100_ids_and_placements_from_the_facts() {
+    let v: Value = serde_json::from_str(&ok(&["profiles", "--model", "h100-80gb", "-o", "json"])).unwrap();
+    let profiles = v["profiles"].as_array().unwrap();
+    let ids: Vec<u64> = profiles.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, [19, 20, 15, 14, 9, 5, 0]);
+    let placements: Vec<(Vec<u64>, u64)> = profiles
+        .iter()
+        .map(|p| {
+            let list = p["placement_list"].as_array().unwrap();
+            let starts = list.iter().map(|pl| pl["start"].as_u64().unwrap()).collect();
+            (starts, list[0]["size"].as_u64().unwrap())
+        })
+        .collect();
+    let all7 = vec![0, 1, 2, 3, 4, 5, 6];
+    assert_eq!(
+        placements,
+        [
+            (all7.clone(), 1),
+            (all7, 1),
+            (vec![0, 2, 4, 6], 2),
+            (vec![0, 2, 4], 2),
+            (vec![0, 4], 4),
+            (vec![0], 4),
+            (vec![0], 8)
+        ]
+    );
+}
+
+#[test]
+fn profiles_table_marks_unverified_rows() {
+    let text = ok(&["profiles", "--model", "b200-180gb"]);
+    assert!(text.contains("UNVERIFIED") || text.contains("inferred"), "{text}");
+    assert!(text.contains("1g.23gb"));
+    let all = ok(&["profiles"]);
+    for key in ["a100-40gb", "a30-24gb", "h200-141gb", "rtx-pro-6000"] {
+        assert!(all.contains(key), "{key}");
+    }
+}
+
+#[test]
+fn layout_json_lists_instances_created_by_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("gpus.json");
+    let s = state_arg(&state);
+    ok(&[
+        "sim",
+        "create",
+        "--sim",
+        "h100-80gb:2",
+        "--sim-state",
+        &s,
+        "--gpu",
+        "1",
+        "--profile",
+        "3g.40gb",
+        "--placement",
+        "4",
+    ]);
+    ok(&["sim", "create", "--sim-state", &s, "--gpu", "1", "--profile", "20", "--placement", "0"]);
+    let v: Value = serde_json::from_str(&ok(&["layout", "--sim-state", &s, "-o", "json"])).unwrap();
+    let gpu = &v["gpus"][1];
+    let minor = gpu["minor"].as_u64().unwrap();
+    assert_ne!(minor, 1, "simulated minors differ from indexes");
+    let inst = gpu["instances"].as_array().unwrap();
+    assert_eq!(inst.len(), 2);
+    assert_eq!(inst[1]["profile"], "3g.40gb");
+    assert_eq!(inst[1]["placement"]["start"], 4);
+    assert_eq!(inst[1]["placement"]["size"], 4);
+    assert_eq!(inst[1]["device"], format!("gpu-{minor}-mig-3g40gb-9-4"));
+    assert!(inst[1]["compute_instances"][0]["uuid"].as_str().unwrap().starts_with("MIG-"));
+    assert!(inst[0]["gpu_instance_id"].is_u64());
+    let picture = ok(&["layout", "--sim-state", &s]);
+    assert!(picture.contains("A  .  .  .  B  B  B  B"), "{picture}");
+}
+
+#[test]
+fn bad_input_gets_one_line_exit_2_and_leaves_the_state_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("gpus.json");
+    let s = state_arg(&state);
+    ok(&["layout", "--sim", "h100-80gb:1", "--sim-state", &s]);
+    let before = std::fs::read(&state).unwrap();
+
+    let e = usage_error(&["profiles", "--model", "h100"]);
+    assert!(e.contains("\"h100\"") && e.contains("h100-80gb") && e.contains("rtx-pro-6000"), "{e}");
+
+    let e = usage_error(&["layout", "--sim", "h100-80gb"]);
+    assert!(e.contains("h100-80gb") && e.contains("MODEL:COUNT"), "{e}");
+    let e = usage_error(&["layout", "--sim", "v100:2"]);
+    assert!(e.contains("v100") && e.contains("a100-40gb"), "{e}");
+    let e = usage_error(&["layout", "--sim", "h100-80gb:two"]);
+    assert!(e.contains("two"), "{e}");
+
+    let e =
+        usage_error(&["sim", "create", "--sim-state", &s, "--gpu", "0", "--profile", "3g.40gb", "--placement", "2"]);
+    assert!(e.contains("placement 2") && e.contains("{0,4}:4"), "{e}");
+    let e = usage_error(&["sim", "create", "--sim-state", &s, "--gpu", "0", "--profile", "1g.5gb", "--placement", "0"]);
+    assert!(e.contains("1g.5gb") && e.contains("3g.40gb (ID 9)"), "{e}");
+    let e = usage_error(&["sim", "create", "--sim-state", &s, "--gpu", "0", "--profile", "47", "--placement", "0"]);
+    assert!(e.contains("\"47\""), "{e}");
+    let e = usage_error(&["sim", "create", "--sim-state", &s, "--gpu", "5", "--profile", "9", "--placement", "0"]);
+    assert!(e.contains('5'), "{e}");
+    assert_eq!(std::fs::read(&state).unwrap(), before, "bad input must not touch the state");
+
+    std::fs::write(&state, b"{ not json").unwrap();
+    let e = usage_error(&["layout", "--sim-state", &s]);
+    assert!(e.contains(&s), "{e}");
+    let e = usage_error(&["sim", "create", "--sim-state", &s, "--gpu", "0", "--profile", "9", "--placement", "0"]);
+    assert!(e.contains(&s), "{e}");
+    assert_eq!(std::fs::read(&state).unwrap(), b"{ not json", "a corrupt file is left as it is");
+}
+
+#[test]
+fn nvml_refusals_exit_1_and_faults_and_reboot_work_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state_arg(&dir.path().join("gpus.json"));
+    ok(&[
+        "sim",
+        "create",
+        "--sim",
+        "a30-24gb:1",
+        "--sim-state",
+        &s,
+        "--gpu",
+        "0",
+        "--profile",
+        "4g.24gb",
+        "--placement",
+        "0",
+    ]);
+    let out = migdra(&["sim", "create", "--sim-state", &s, "--gpu", "0", "--profile", "1g.6gb", "--placement", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("insufficient-resources"));
+
+    let v: Value = serde_json::from_str(&ok(&["layout", "--sim-state", &s, "-o", "json"])).unwrap();
+    let gi = v["gpus"][0]["instances"][0]["gpu_instance_id"].as_u64().unwrap().to_string();
+    ok(&["sim", "process", "--sim-state", &s, "--gpu", "0", "--gi", &gi, "--ci", "0"]);
+    let out = migdra(&["sim", "destroy", "--sim-state", &s, "--gpu", "0", "--gi", &gi]);
+    assert_eq!(out.status.code(), Some(1), "IN_USE while a process runs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in-use"));
+    ok(&["sim", "process", "--sim-state", &s, "--gpu", "0", "--clear"]);
+
+    ok(&["sim", "fail", "--sim-state", &s, "destroy-ci=in-use:1"]);
+    assert_eq!(migdra(&["sim", "destroy", "--sim-state", &s, "--gpu", "0", "--gi", &gi]).status.code(), Some(1));
+    ok(&["sim", "destroy", "--sim-state", &s, "--gpu", "0", "--gi", &gi]);
+
+    let e = usage_error(&["sim", "fail", "--sim-state", &s, "create-gi=bogus"]);
+    assert!(e.contains("bogus") && e.contains("insufficient-resources"), "{e}");
+
+    ok(&["sim", "create", "--sim-state", &s, "--gpu", "0", "--profile", "1g.6gb", "--placement", "3"]);
+    let boot =
+        serde_json::from_str::<Value>(&ok(&["layout", "--sim-state", &s, "-o", "json"])).unwrap()["boot_id"].clone();
+    ok(&["sim", "reboot", "--sim-state", &s]);
+    let v: Value = serde_json::from_str(&ok(&["layout", "--sim-state", &s, "-o", "json"])).unwrap();
+    assert_ne!(v["boot_id"], boot);
+    assert!(v["gpus"][0]["instances"].as_array().unwrap().is_empty());
+}
