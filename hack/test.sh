@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test. README's test command and .ci/run both call this, so they cannot drift.
 # --show-output prints what passing tests report, e.g. the counter proof's sets per model.
+# Doc tests are skipped (there are none), so the last runner line counts real tests; the script
+# ends with one summary line over all test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --locked -- --show-output
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --lib --bins --tests -- --show-output 2>&1 | tee "$log"
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
+     END { printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
