@@ -3,8 +3,16 @@
 //! # Layout
 //! - [`mig`]: the pure domain (catalog, placement rules, device names, counters). No I/O.
 //! - [`gpu`]: the hardware boundary, a [`gpu::GpuBackend`] trait with a simulator.
+//! - [`state`]: the checkpoint, the durable record of every claim's progress.
+//! - [`cdi`]: CDI spec files, one per claim, exposing only the prepared devices.
+//! - [`claims`]: where prepare finds a claim's allocation ([`claims::ClaimSource`]; a directory of
+//!   ResourceClaim files for now).
 //! - [`cli`]: the `migdra` subcommands.
 
+pub mod cdi;
+pub mod claims;
 pub mod cli;
 pub mod gpu;
 pub mod mig;
+pub mod prepare;
+pub mod state;

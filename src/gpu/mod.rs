@@ -212,7 +212,18 @@ pub trait GpuBackend: Send + Sync {
     fn destroy_compute_instance(&self, gpu: &str, gi_id: u32, ci_id: u32) -> Result<()>;
     /// The boot ID instances belong to: they vanish when it changes.
     fn boot_id(&self) -> Result<String>;
+    /// Major number of the `nvidia-caps` character devices (dynamic; `/proc/devices` on a host).
+    fn caps_major(&self) -> Result<u32> {
+        Ok(SIM_CAPS_MAJOR)
+    }
+    /// `nvidia-cap<N>` minors of a GI and its CI (`DeviceFileMinor` in procfs on a host).
+    fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)> {
+        Ok(capability_minors(gpu_minor, gi_id, ci_id))
+    }
 }
+
+/// The `nvidia-caps` major the simulator reports: the value in the MIG guide's `ls -l` example.
+pub const SIM_CAPS_MAJOR: u32 = 508;
 
 /// `/dev/nvidia-caps/nvidia-cap<N>` minors of a GI and a CI, from the predetermined table in
 /// `/proc/driver/nvidia-caps/mig-minors` (facts §4; fits every sample listed there).

@@ -1,0 +1,344 @@
+//! CDI spec files: how a prepared device reaches the container.
+//!
+//! The kubelet hands the container runtime fully qualified CDI device IDs
+//! (`<driver>/claim=<claimUID>-<deviceName>`); the runtime looks them up in the spec files of the CDI
+//! directory and applies their edits. migdra writes one spec per claim, so unprepare removes exactly
+//! that claim's file, and a lost checkpoint can be rebuilt from the files that remain
+//! ([`CdiWriter::list`]). A MIG device exposes only its parent's `/dev/nvidia<minor>`, the GI and CI
+//! capability nodes and the control nodes, and names the MIG UUID in `NVIDIA_VISIBLE_DEVICES` and
+//! `CUDA_VISIBLE_DEVICES`: the container can reach no other GPU or MIG device.
+//!
+//! Every path built from claim data is checked first: a claim UID must be `[a-z0-9-]{1,64}`, so no
+//! spec can land outside the directory.
+
+mod spec;
+mod writer;
+
+pub use spec::{CDI_VERSION, ContainerEdits, Spec, SpecDevice, SpecDeviceNode};
+pub use writer::{CdiWriter, Unreadable};
+
+use std::path::PathBuf;
+
+/// Errors of the CDI layer.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    /// A claim UID that would not make a safe file name.
+    #[error("invalid claim UID {uid:?}: expected 1 to 64 characters of [a-z0-9-] (a Kubernetes UID)")]
+    BadClaimUid { uid: String },
+    /// A driver name that is not a valid CDI vendor name.
+    #[error(
+        "invalid driver name {driver:?} for a CDI kind: expected a letter first, then letters, digits, '_', '-' or '.', ending in a letter or digit"
+    )]
+    BadDriver { driver: String },
+    /// A device that the spec cannot hold.
+    #[error("invalid CDI device {name:?}: {reason}")]
+    BadDevice { name: String, reason: String },
+    /// A claim spec must expose at least one device.
+    #[error("no devices to write for claim {uid}")]
+    NoDevices { uid: String },
+    /// A file operation failed.
+    #[error("failed to {op} {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A spec file that is not a CDI spec of this driver.
+    #[error("failed to parse CDI spec {}: {reason}", path.display())]
+    Parse { path: PathBuf, reason: String },
+}
+
+pub type Result<T, E = CdiError> = std::result::Result<T, E>;
+
+/// A device node to expose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceNode {
+    /// Absolute path in the container.
+    pub path: String,
+    /// With `minor`: the node is written as a character device with these numbers, so the runtime
+    /// creates it even where the host has no such node. Without: the runtime copies the host node.
+    pub major: Option<u32>,
+    pub minor: Option<u32>,
+    /// Mode bits of the node in the container; the runtime's default when `None`.
+    pub file_mode: Option<u32>,
+}
+
+impl DeviceNode {
+    /// A node the runtime copies from the host.
+    pub fn host(path: impl Into<String>) -> Self {
+        Self { path: path.into(), major: None, minor: None, file_mode: None }
+    }
+
+    /// A character device with explicit numbers and mode.
+    pub fn char_device(path: impl Into<String>, major: u32, minor: u32, file_mode: u32) -> Self {
+        Self { path: path.into(), major: Some(major), minor: Some(minor), file_mode: Some(file_mode) }
+    }
+}
+
+/// One device of a claim's spec, before it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdiDevice {
+    /// Unqualified CDI device name, see [`device_name`].
+    pub name: String,
+    /// Environment variables, in order.
+    pub env: Vec<(String, String)>,
+    pub device_nodes: Vec<DeviceNode>,
+}
+
+/// The control nodes every GPU or MIG device needs: the driver's control node and unified memory.
+pub const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+/// Mode of the MIG capability nodes in the container: read-only is enough to use the instance.
+pub const CAP_FILE_MODE: u32 = 0o444;
+
+/// The CDI device name of a claim's device: `<claimUID>-<deviceName>`.
+///
+/// The UID prefix keeps two claims that were given the same DRA device apart (admin access,
+/// a claim re-created before the old one was unprepared).
+pub fn device_name(claim_uid: &str, device: &str) -> String {
+    format!("{claim_uid}-{device}")
+}
+
+/// The DRA device name inside a CDI device name of this claim (inverse of [`device_name`]).
+pub fn split_device_name<'a>(claim_uid: &str, cdi_name: &'a str) -> Option<&'a str> {
+    cdi_name.strip_prefix(claim_uid)?.strip_prefix('-').filter(|d| !d.is_empty())
+}
+
+/// The edits for one MIG device.
+///
+/// Only the parent GPU's node and this instance's GI and CI capability nodes are exposed, so the
+/// container sees its MIG device and nothing else. The capability nodes carry their numbers (the
+/// `nvidia-caps` major from `/proc/devices`, minors from
+/// `/proc/driver/nvidia/capabilities/gpu<parent>/mig/gi<G>[/ci<C>]/access`), because the host
+/// rarely has them under `/dev/nvidia-caps`.
+pub fn mig_device(
+    name: String,
+    parent_minor: u32,
+    mig_uuid: &str,
+    gi_cap_minor: u32,
+    ci_cap_minor: u32,
+    caps_major: u32,
+) -> CdiDevice {
+    let mut device_nodes: Vec<DeviceNode> = CONTROL_NODES.iter().map(|p| DeviceNode::host(*p)).collect();
+    device_nodes.push(DeviceNode::host(format!("/dev/nvidia{parent_minor}")));
+    for minor in [gi_cap_minor, ci_cap_minor] {
+        device_nodes.push(DeviceNode::char_device(cap_path(minor), caps_major, minor, CAP_FILE_MODE));
+    }
+    CdiDevice { name, env: visible_devices(mig_uuid), device_nodes }
+}
+
+/// The edits for a whole GPU.
+pub fn gpu_device(name: String, minor: u32, gpu_uuid: &str) -> CdiDevice {
+    let mut device_nodes: Vec<DeviceNode> = CONTROL_NODES.iter().map(|p| DeviceNode::host(*p)).collect();
+    device_nodes.push(DeviceNode::host(format!("/dev/nvidia{minor}")));
+    CdiDevice { name, env: visible_devices(gpu_uuid), device_nodes }
+}
+
+/// `/dev/nvidia-caps/nvidia-cap<minor>`.
+pub fn cap_path(minor: u32) -> String {
+    format!("/dev/nvidia-caps/nvidia-cap{minor}")
+}
+
+fn visible_devices(uuid: &str) -> Vec<(String, String)> {
+    ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"].iter().map(|k| (k.to_string(), uuid.to_string())).collect()
+}
+
+/// A Kubernetes UID as migdra accepts it in a file name: `[a-z0-9-]{1,64}`.
+pub fn is_valid_claim_uid(uid: &str) -> bool {
+    (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// A CDI device name: letters, digits, `_`, `-`, `.`, `:`, starting and ending with a letter or
+/// digit (CDI `parser.ValidateDeviceName`).
+pub fn is_valid_device_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let inner = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b':');
+    match (b.first(), b.last()) {
+        (Some(first), Some(last)) => {
+            first.is_ascii_alphanumeric() && last.is_ascii_alphanumeric() && b.iter().all(inner)
+        }
+        _ => false,
+    }
+}
+
+/// A CDI vendor name: a letter first, then letters, digits, `_`, `-`, `.`, ending in a letter or
+/// digit (CDI `parser.ValidateVendorName`). The driver name is the vendor of migdra's kind.
+pub fn is_valid_vendor(vendor: &str) -> bool {
+    let b = vendor.as_bytes();
+    let inner = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.');
+    match (b.first(), b.last()) {
+        (Some(first), Some(last)) => first.is_ascii_alphabetic() && last.is_ascii_alphanumeric() && b.iter().all(inner),
+        _ => false,
+    }
+}
+
+impl CdiDevice {
+    /// Check what the spec format and the runtime require.
+    ///
+    /// # Errors
+    /// [`CdiError::BadDevice`] naming the first problem.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| Err(CdiError::BadDevice { name: self.name.clone(), reason });
+        if !is_valid_device_name(&self.name) {
+            return bad(
+                "a CDI device name is letters, digits, '_', '-', '.' and ':', starting and ending with a letter or digit"
+                    .into(),
+            );
+        }
+        for (k, v) in &self.env {
+            let key_ok = !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !key_ok {
+                return bad(format!("environment variable name {k:?} must be letters, digits and '_'"));
+            }
+            if v.contains('\0') {
+                return bad(format!("environment variable {k} has a NUL byte in its value"));
+            }
+        }
+        for node in &self.device_nodes {
+            let p = &node.path;
+            if !p.starts_with('/') || p.contains('\0') || p.split('/').any(|c| c == "..") {
+                return bad(format!("device node path {p:?} must be absolute, without '..' or NUL"));
+            }
+            if node.major.is_some() != node.minor.is_some() {
+                return bad(format!("device node {p} needs both major and minor, or neither"));
+            }
+        }
+        Ok(())
+    }
+
+    fn to_spec(&self) -> SpecDevice {
+        let device_nodes = self
+            .device_nodes
+            .iter()
+            .map(|n| SpecDeviceNode {
+                path: n.path.clone(),
+                kind: n.major.map(|_| "c".to_string()),
+                major: n.major.map(i64::from),
+                minor: n.minor.map(i64::from),
+                file_mode: n.file_mode,
+                permissions: None,
+            })
+            .collect();
+        let env = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        SpecDevice { name: self.name.clone(), container_edits: ContainerEdits { env, device_nodes } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UUID: &str = "MIG-5c0a1d2e-3f4b-5a6c-8d7e-9f0a1b2c3d4e";
+
+    fn paths(d: &CdiDevice) -> Vec<&str> {
+        d.device_nodes.iter().map(|n| n.path.as_str()).collect()
+    }
+
+    #[test]
+    fn a_mig_device_exposes_only_its_parent_and_its_caps() {
+        let d = mig_device("u-gpu-3-mig-3g40gb-9-4".into(), 3, UUID, 30, 31, 508);
+        assert!(d.validate().is_ok());
+        assert_eq!(
+            paths(&d),
+            [
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia3",
+                "/dev/nvidia-caps/nvidia-cap30",
+                "/dev/nvidia-caps/nvidia-cap31",
+            ]
+        );
+        let gpu_nodes: Vec<&str> = paths(&d)
+            .into_iter()
+            .filter(|p| p.strip_prefix("/dev/nvidia").is_some_and(|n| n.parse::<u32>().is_ok()))
+            .collect();
+        assert_eq!(gpu_nodes, ["/dev/nvidia3"]);
+        for cap in &d.device_nodes[4..] {
+            assert_eq!((cap.major, cap.file_mode), (Some(508), Some(0o444)));
+        }
+        assert_eq!(d.device_nodes[4].minor, Some(30));
+        assert_eq!(d.device_nodes[5].minor, Some(31));
+        assert!(d.device_nodes[..4].iter().all(|n| n.major.is_none() && n.minor.is_none()));
+        assert_eq!(
+            d.env,
+            [("NVIDIA_VISIBLE_DEVICES".to_string(), UUID.to_string()), ("CUDA_VISIBLE_DEVICES".into(), UUID.into())]
+        );
+    }
+
+    #[test]
+    fn a_gpu_device_exposes_its_node_and_the_control_nodes() {
+        let d = gpu_device("u-gpu-7".into(), 7, "GPU-1");
+        assert_eq!(paths(&d), ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia7"]);
+        assert_eq!(d.env[0], ("NVIDIA_VISIBLE_DEVICES".into(), "GPU-1".into()));
+        assert_eq!(d.env[1], ("CUDA_VISIBLE_DEVICES".into(), "GPU-1".into()));
+    }
+
+    #[test]
+    fn device_names_carry_the_claim_uid() {
+        let uid = "0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b";
+        let name = device_name(uid, "gpu-0-mig-3g40gb-9-4");
+        assert_eq!(name, "0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b-gpu-0-mig-3g40gb-9-4");
+        assert!(is_valid_device_name(&name));
+        assert_eq!(split_device_name(uid, &name), Some("gpu-0-mig-3g40gb-9-4"));
+        assert_eq!(split_device_name("other", &name), None);
+        assert_eq!(split_device_name(uid, uid), None);
+    }
+
+    #[test]
+    fn cdi_name_rules() {
+        for good in ["a", "0", "a-b_c.d:e", "0b6f-gpu-0"] {
+            assert!(is_valid_device_name(good), "{good}");
+        }
+        for bad in ["", "-a", "a-", "a/b", "a=b", "a b", "é"] {
+            assert!(!is_valid_device_name(bad), "{bad}");
+        }
+        for good in ["mig.slinky.slurm.net", "k8s.gpu.nvidia.com", "a", "A_b-c"] {
+            assert!(is_valid_vendor(good), "{good}");
+        }
+        for bad in ["", "1a", "a.", "a/b", "-a", "a b"] {
+            assert!(!is_valid_vendor(bad), "{bad}");
+        }
+        for good in ["0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "a", "uid-1"] {
+            assert!(is_valid_claim_uid(good), "{good}");
+        }
+        for bad in ["", "A", "../x", "a/b", "a\0b", ".", "..", &"a".repeat(65), &"a".repeat(300)] {
+            assert!(!is_valid_claim_uid(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_devices_are_refused_with_the_reason() {
+        let ok = gpu_device("u-gpu-0".into(), 0, "GPU-1");
+        let cases: Vec<(CdiDevice, &str)> = vec![
+            (CdiDevice { name: "-x".into(), ..ok.clone() }, "CDI device name"),
+            (CdiDevice { env: vec![("A=B".into(), "1".into())], ..ok.clone() }, "environment variable name"),
+            (CdiDevice { env: vec![("A".into(), "1\0".into())], ..ok.clone() }, "NUL"),
+            (CdiDevice { device_nodes: vec![DeviceNode::host("dev/x")], ..ok.clone() }, "absolute"),
+            (CdiDevice { device_nodes: vec![DeviceNode::host("/dev/../etc")], ..ok.clone() }, "absolute"),
+            (
+                CdiDevice {
+                    device_nodes: vec![DeviceNode { major: Some(1), ..DeviceNode::host("/dev/x") }],
+                    ..ok.clone()
+                },
+                "both major and minor",
+            ),
+        ];
+        for (device, want) in cases {
+            let err = device.validate().unwrap_err();
+            assert!(matches!(err, CdiError::BadDevice { .. }), "{err}");
+            assert!(err.to_string().contains(want), "{err} lacks {want}");
+        }
+    }
+
+    #[test]
+    fn char_nodes_become_type_c_in_the_spec() {
+        let d = mig_device("u-m".into(), 0, UUID, 12, 13, 238).to_spec();
+        let caps: Vec<&SpecDeviceNode> = d.container_edits.device_nodes.iter().filter(|n| n.kind.is_some()).collect();
+        assert_eq!(caps.len(), 2);
+        assert_eq!(caps[0].kind.as_deref(), Some("c"));
+        assert_eq!((caps[0].major, caps[0].minor, caps[0].file_mode), (Some(238), Some(12), Some(0o444)));
+        assert_eq!(d.container_edits.env[0], format!("NVIDIA_VISIBLE_DEVICES={UUID}"));
+    }
+}

@@ -1,0 +1,109 @@
+//! Turning a claim's allocation into a plan: which GPU, which partition, who owns it.
+//!
+//! Pure validation, before anything is written or created, so a bad claim fails alone and leaves
+//! nothing behind. Placement comes only from the allocated device name; migdra chooses nothing.
+
+use super::{GpuEntry, PrepareError};
+use crate::claims::{AllocationResult, ClaimRef};
+use crate::mig::catalog::GiProfile;
+use crate::mig::devices::GpuMode;
+use crate::mig::naming::{DeviceName, profile_slug};
+use crate::mig::rules::{self, Placed};
+use crate::state::MigOwner;
+
+/// One device of a claim, resolved against this node's GPUs.
+#[derive(Debug, Clone)]
+pub struct PlannedDevice<'a> {
+    /// Every request of the claim that got this device.
+    pub requests: Vec<String>,
+    pub device: String,
+    pub gpu: &'a GpuEntry,
+    /// `None` for a whole GPU.
+    pub mig: Option<PlannedMig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlannedMig {
+    pub owner: MigOwner,
+    pub profile: GiProfile,
+    pub start: u32,
+}
+
+/// Resolve every result of our driver; results of other drivers belong to other plugins.
+///
+/// # Errors
+/// The first device that is not ours, malformed, not on this node, or not a valid partition.
+pub fn plan<'a>(
+    claim: &ClaimRef,
+    results: &[AllocationResult],
+    driver: &str,
+    pool: &str,
+    gpus: &'a [GpuEntry],
+) -> Result<Vec<PlannedDevice<'a>>, PrepareError> {
+    let ours: Vec<&AllocationResult> = results.iter().filter(|r| r.driver == driver).collect();
+    if ours.is_empty() {
+        let mut drivers: Vec<&str> = results.iter().map(|r| r.driver.as_str()).collect();
+        drivers.dedup();
+        let seen = if drivers.is_empty() { "none".to_string() } else { drivers.join(", ") };
+        return Err(PrepareError::bad(
+            claim,
+            "-",
+            format!("no device of driver {driver} is allocated (drivers: {seen})"),
+        ));
+    }
+    let mut planned: Vec<PlannedDevice<'a>> = Vec::new();
+    for r in ours {
+        if r.pool != pool {
+            return Err(PrepareError::bad(
+                claim,
+                &r.device,
+                format!("it is in pool {:?}, but this node's pool is {pool:?}", r.pool),
+            ));
+        }
+        if let Some(p) = planned.iter_mut().find(|p| p.device == r.device) {
+            p.requests.push(r.request.clone());
+            continue;
+        }
+        planned.push(resolve(claim, r, gpus)?);
+    }
+    Ok(planned)
+}
+
+fn resolve<'a>(
+    claim: &ClaimRef,
+    r: &AllocationResult,
+    gpus: &'a [GpuEntry],
+) -> Result<PlannedDevice<'a>, PrepareError> {
+    let bad = |reason: String| PrepareError::bad(claim, &r.device, reason);
+    let name = DeviceName::parse(&r.device).map_err(|e| bad(e.reason.to_string()))?;
+    let gpu = gpus.iter().find(|g| g.info.minor == name.minor()).ok_or_else(|| {
+        let minors: Vec<String> = gpus.iter().map(|g| g.info.minor.to_string()).collect();
+        bad(format!("no GPU with minor {} on this node (minors: {})", name.minor(), minors.join(", ")))
+    })?;
+    let mig = match &name {
+        DeviceName::Gpu { .. } => {
+            if gpu.mode != GpuMode::Full {
+                return Err(bad(format!(
+                    "GPU {} has MIG enabled; only its MIG devices can be prepared",
+                    gpu.info.minor
+                )));
+            }
+            None
+        }
+        DeviceName::Mig { profile_slug: slug, profile_id, start, .. } => {
+            let owner = match gpu.mode {
+                GpuMode::Full => return Err(bad(format!("GPU {} has MIG disabled", gpu.info.minor))),
+                GpuMode::Dynamic => MigOwner::Dynamic,
+                GpuMode::Static => MigOwner::Static,
+            };
+            let profile = rules::check_placement(&gpu.model, Placed { profile_id: *profile_id, start: *start })
+                .map_err(|e| bad(e.to_string()))?
+                .clone();
+            if profile_slug(&profile.name) != *slug {
+                return Err(bad(format!("profile ID {profile_id} is {} on this GPU, not {slug:?}", profile.name)));
+            }
+            Some(PlannedMig { owner, profile, start: *start })
+        }
+    };
+    Ok(PlannedDevice { requests: vec![r.request.clone()], device: r.device.clone(), gpu, mig })
+}

@@ -1,0 +1,262 @@
+//! Startup recovery: make the checkpoint and the hardware agree before serving.
+//!
+//! - A corrupt checkpoint is moved aside and rebuilt from what the hardware and our CDI specs
+//!   prove; the daemon keeps serving (NVIDIA's driver crash-loops here).
+//! - A new boot ID means every instance is gone: claims are kept, marked for re-creation, and the
+//!   kubelet's next prepare re-creates them at the same placements.
+//! - Claims caught mid-unprepare are finished.
+//! - CDI specs of claims the checkpoint does not know are removed.
+//! - MIG instances on dynamic GPUs that no claim explains are destroyed, kept or reported
+//!   (`--orphans`); instances on static GPUs are never touched.
+
+use super::{Engine, GpuEntry, PrepareError, destroy_gi, holds};
+use crate::cdi;
+use crate::gpu::NvmlCode;
+use crate::mig::devices::GpuMode;
+use crate::mig::naming::DeviceName;
+use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, Loaded, MigOwner, MigRecord};
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// What to do with MIG instances on a dynamic GPU that no claim explains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OrphanPolicy {
+    /// Destroy them: on a dynamic GPU migdra owns every instance
+    #[default]
+    Destroy,
+    /// Leave them and say nothing more than an info line
+    Keep,
+    /// Leave them and warn
+    Report,
+}
+
+/// What happened to one orphan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OrphanAction {
+    Destroyed,
+    Kept,
+    Reported,
+    DestroyFailed(String),
+}
+
+/// An instance no claim explains.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Orphan {
+    pub gpu: String,
+    pub gi_id: u32,
+    pub profile_id: u32,
+    pub start: u32,
+    pub action: OrphanAction,
+}
+
+/// What recovery found and did; the daemon logs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RecoveryReport {
+    /// `fresh`, `loaded`, or `corrupt`.
+    pub checkpoint: &'static str,
+    /// Where a corrupt checkpoint went, and why it was refused.
+    pub corrupt: Option<(PathBuf, String)>,
+    /// Claims rebuilt from CDI specs and the hardware after a corrupt checkpoint.
+    pub rebuilt_claims: Vec<String>,
+    pub boot_changed: bool,
+    /// Claims whose instances vanished with a reboot; the next prepare re-creates them.
+    pub marked_for_recreate: Vec<String>,
+    pub finished_unprepares: Vec<String>,
+    pub failed_unprepares: Vec<(String, String)>,
+    pub stale_cdi_specs_removed: Vec<String>,
+    pub orphans: Vec<Orphan>,
+}
+
+impl Engine {
+    /// Run recovery once, before serving.
+    ///
+    /// # Errors
+    /// Only I/O failures of the checkpoint itself; content problems are repaired.
+    pub fn recover(&self) -> Result<RecoveryReport, PrepareError> {
+        let ckpt = |source| PrepareError::Checkpoint { claim: "-".into(), source };
+        let mut report = RecoveryReport::default();
+        let mut cp = match self.store.load().map_err(ckpt)? {
+            Loaded::Fresh(c) => {
+                report.checkpoint = "fresh";
+                c
+            }
+            Loaded::Ok(c) => {
+                report.checkpoint = "loaded";
+                c
+            }
+            Loaded::Corrupt { moved_to, reason, .. } => {
+                report.checkpoint = "corrupt";
+                report.corrupt = Some((moved_to, reason));
+                let cp = self.rebuild();
+                report.rebuilt_claims = cp.claims.keys().cloned().collect();
+                cp
+            }
+        };
+        if !cp.boot_id.is_empty() && cp.boot_id != self.boot_id {
+            report.boot_changed = true;
+            cp.claims.retain(|_, c| c.state != ClaimState::UnprepareStarted);
+            for c in cp.claims.values_mut() {
+                forget_instances(c);
+                report.marked_for_recreate.push(c.uid.clone());
+            }
+        }
+        cp.boot_id.clone_from(&self.boot_id);
+        self.store.replace(&cp).map_err(ckpt)?;
+
+        for c in cp.claims.values().filter(|c| c.state == ClaimState::UnprepareStarted) {
+            match self.unprepare(&c.uid) {
+                Ok(()) => report.finished_unprepares.push(c.uid.clone()),
+                Err(e) => report.failed_unprepares.push((c.uid.clone(), e.to_string())),
+            }
+        }
+        if let Ok((specs, _unreadable)) = self.cdi.list() {
+            let cp = self.store.read().map_err(ckpt)?;
+            for (uid, _) in specs.into_iter().filter(|(uid, _)| !cp.claims.contains_key(uid)) {
+                if self.cdi.remove(&uid).is_ok() {
+                    report.stale_cdi_specs_removed.push(uid);
+                }
+            }
+        }
+        report.orphans = self.sweep_orphans()?;
+        Ok(report)
+    }
+
+    /// A checkpoint from our CDI specs and the hardware: each spec names its claim and devices,
+    /// and a MIG device's UUID finds its instance. Devices whose instance is gone are kept as
+    /// intents for re-creation.
+    fn rebuild(&self) -> Checkpoint {
+        let mut cp = Checkpoint { boot_id: self.boot_id.clone(), ..Default::default() };
+        let Ok((specs, _)) = self.cdi.list() else { return cp };
+        for (uid, spec) in specs {
+            let mut devices = Vec::new();
+            let mut complete = true;
+            for d in &spec.devices {
+                let Some(name) = cdi::split_device_name(&uid, &d.name) else { continue };
+                let Ok(decoded) = DeviceName::parse(name) else { continue };
+                let Some(gpu) = self.gpus.iter().find(|g| g.info.minor == decoded.minor()) else { continue };
+                let mig = match decoded {
+                    DeviceName::Gpu { .. } => None,
+                    DeviceName::Mig { profile_id, start, .. } => {
+                        let uuid = d.env("NVIDIA_VISIBLE_DEVICES").unwrap_or_default();
+                        let m = self.find_by_uuid(gpu, profile_id, start, uuid);
+                        complete &= m.as_ref().is_some_and(|m| m.gi_id.is_some());
+                        m
+                    }
+                };
+                devices.push(DeviceRecord {
+                    requests: Vec::new(),
+                    pool: self.opts.pool.clone(),
+                    device: name.to_string(),
+                    gpu_uuid: gpu.info.uuid.clone(),
+                    pci_bus_id: gpu.info.pci_bus_id.clone(),
+                    gpu_minor: gpu.info.minor,
+                    gpu_index: gpu.info.index,
+                    mig,
+                    cdi_ids: vec![format!("{}={}", spec.kind, d.name)],
+                });
+            }
+            if devices.is_empty() {
+                continue;
+            }
+            let record = ClaimRecord {
+                uid: uid.clone(),
+                namespace: String::new(),
+                name: String::new(),
+                state: if complete { ClaimState::PrepareCompleted } else { ClaimState::PrepareStarted },
+                devices,
+                needs_recreate: !complete,
+                last_error: Some("rebuilt from the CDI spec after a corrupt checkpoint".into()),
+            };
+            cp.claims.insert(uid, record);
+        }
+        cp
+    }
+
+    /// The MIG record of the instance at (profile, start) whose CI has this UUID; without such an
+    /// instance, the bare intent.
+    fn find_by_uuid(&self, gpu: &GpuEntry, profile_id: u32, start: u32, uuid: &str) -> Option<MigRecord> {
+        let profile = gpu.model.profile(profile_id)?;
+        let owner = if gpu.mode == GpuMode::Static { MigOwner::Static } else { MigOwner::Dynamic };
+        let mut m = MigRecord {
+            owner,
+            profile_id,
+            profile: profile.name.clone(),
+            start,
+            size: profile.memory_slices,
+            gi_id: None,
+            ci_id: None,
+            uuid: None,
+            gi_cap_minor: None,
+            ci_cap_minor: None,
+        };
+        let gis = self.backend.gpu_instances(&gpu.info.uuid).unwrap_or_default();
+        for gi in gis.iter().filter(|g| g.profile_id == profile_id && g.start == start) {
+            let cis = self.backend.compute_instances(&gpu.info.uuid, gi.id).unwrap_or_default();
+            if let Some(ci) = cis.into_iter().find(|c| c.uuid == uuid) {
+                let caps = self.backend.mig_capability_minors(gpu.info.minor, gi.id, ci.id).ok();
+                m.gi_id = Some(gi.id);
+                m.ci_id = Some(ci.id);
+                m.uuid = Some(ci.uuid);
+                m.gi_cap_minor = caps.map(|c| c.0);
+                m.ci_cap_minor = caps.map(|c| c.1);
+            }
+        }
+        Some(m)
+    }
+
+    /// Instances on dynamic GPUs that no checkpoint entry explains, handled by the policy.
+    fn sweep_orphans(&self) -> Result<Vec<Orphan>, PrepareError> {
+        let cp = self.store.read().map_err(|source| PrepareError::Checkpoint { claim: "-".into(), source })?;
+        let mut orphans = Vec::new();
+        for gpu in self.gpus.iter().filter(|g| g.mode == GpuMode::Dynamic) {
+            let uuid = gpu.info.uuid.as_str();
+            let Ok(_guard) = gpu.lock.lock(self.opts.lock_timeout) else { continue };
+            let gis = match self.backend.gpu_instances(uuid) {
+                Ok(gis) => gis,
+                Err(e) if e.code() == Some(NvmlCode::NotSupported) => continue,
+                Err(e) => return Err(PrepareError::Discovery(e)),
+            };
+            for gi in gis {
+                let explained = cp
+                    .claims
+                    .values()
+                    .flat_map(|c| &c.devices)
+                    .any(|d| d.gpu_uuid == uuid && d.mig.as_ref().is_some_and(|m| holds(m, &gi)));
+                if explained {
+                    continue;
+                }
+                let action = match self.opts.orphans {
+                    OrphanPolicy::Keep => OrphanAction::Kept,
+                    OrphanPolicy::Report => OrphanAction::Reported,
+                    OrphanPolicy::Destroy => match destroy_gi(self.backend.as_ref(), uuid, gi.id, None) {
+                        Ok(()) => OrphanAction::Destroyed,
+                        Err(e) => OrphanAction::DestroyFailed(e.to_string()),
+                    },
+                };
+                orphans.push(Orphan {
+                    gpu: uuid.to_string(),
+                    gi_id: gi.id,
+                    profile_id: gi.profile_id,
+                    start: gi.start,
+                    action,
+                });
+            }
+        }
+        Ok(orphans)
+    }
+}
+
+/// After a reboot: the claim's instances are gone; keep the intent, drop the IDs.
+fn forget_instances(c: &mut ClaimRecord) {
+    c.needs_recreate = true;
+    c.state = ClaimState::PrepareStarted;
+    for m in c.devices.iter_mut().filter_map(|d| d.mig.as_mut()) {
+        m.gi_id = None;
+        m.ci_id = None;
+        m.uuid = None;
+        m.gi_cap_minor = None;
+        m.ci_cap_minor = None;
+    }
+}

@@ -1,0 +1,63 @@
+//! What migdra reports per prepared device in the ResourceClaim status (`status.devices[].data`),
+//! so slurm-bridge can reserve the matching capacity in Slurm.
+
+use crate::mig::devices::shards_for;
+use crate::state::{DeviceRecord, MigRecord};
+use serde::{Deserialize, Serialize};
+
+/// `status.devices[].data` of one device. MIG fields are absent for a whole GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceStatusData {
+    #[serde(rename = "migUUID", skip_serializing_if = "Option::is_none")]
+    pub mig_uuid: Option<String>,
+    #[serde(rename = "parentUUID")]
+    pub parent_uuid: String,
+    #[serde(rename = "parentPCIBusID")]
+    pub parent_pci_bus_id: String,
+    pub parent_minor: u32,
+    pub slurm_gpu_index: u32,
+    pub slurm_shards: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile_id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compute_instance_id: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub start: u32,
+    pub size: u32,
+}
+
+/// Slurm facts of one GPU: its index in Slurm's GRES list and the shards that stand for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlurmGpu {
+    pub index: u32,
+    pub shards: u32,
+    pub memory_slices: u32,
+}
+
+/// Status data of a prepared device.
+pub fn status_data(d: &DeviceRecord, slurm: SlurmGpu) -> DeviceStatusData {
+    let shards = |m: &MigRecord| shards_for(m.size, slurm.memory_slices, slurm.shards);
+    DeviceStatusData {
+        mig_uuid: d.mig.as_ref().and_then(|m| m.uuid.clone()),
+        parent_uuid: d.gpu_uuid.clone(),
+        parent_pci_bus_id: d.pci_bus_id.clone(),
+        parent_minor: d.gpu_minor,
+        slurm_gpu_index: slurm.index,
+        slurm_shards: d.mig.as_ref().map_or(slurm.shards, shards),
+        profile: d.mig.as_ref().map(|m| m.profile.clone()),
+        profile_id: d.mig.as_ref().map(|m| m.profile_id),
+        placement: d.mig.as_ref().map(|m| Placement { start: m.start, size: m.size }),
+        gpu_instance_id: d.mig.as_ref().and_then(|m| m.gi_id),
+        compute_instance_id: d.mig.as_ref().and_then(|m| m.ci_id),
+    }
+}

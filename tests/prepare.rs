@@ -1,0 +1,482 @@
+//! The prepare engine on the simulator: exact placement, CDI, checkpoint, rollback, crash
+//! recovery, concurrency and bad input.
+
+#![allow(clippy::print_stdout)] // tests that measure print their figures
+
+use migdra::claims::{AllocationResult, ClaimRef};
+use migdra::gpu::sim::{Fault, SimBackend, SimSpec};
+use migdra::gpu::{ComputeInstance, GpuBackend, GpuInfo, GpuInstance, Result as GpuResult};
+use migdra::mig::catalog::{self, GpuModel};
+use migdra::mig::devices::GpuMode;
+use migdra::mig::naming::DeviceName;
+use migdra::prepare::{Engine, Options, OrphanAction, OrphanPolicy, PrepareError, Step};
+use migdra::state::ClaimState;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const DRIVER: &str = "mig.slinky.slurm.net";
+const NODE: &str = "node-a";
+
+/// Counts every NVML call, to prove idempotent paths make none.
+struct Counting {
+    inner: Arc<SimBackend>,
+    calls: AtomicU64,
+}
+
+impl Counting {
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl GpuBackend for Counting {
+    fn gpus(&self) -> GpuResult<Vec<GpuInfo>> {
+        self.count();
+        self.inner.gpus()
+    }
+    fn model(&self, gpu: &str) -> GpuResult<GpuModel> {
+        self.inner.model(gpu)
+    }
+    fn gpu_instances(&self, gpu: &str) -> GpuResult<Vec<GpuInstance>> {
+        self.count();
+        self.inner.gpu_instances(gpu)
+    }
+    fn create_gpu_instance(&self, gpu: &str, profile_id: u32, start: u32) -> GpuResult<GpuInstance> {
+        self.count();
+        self.inner.create_gpu_instance(gpu, profile_id, start)
+    }
+    fn destroy_gpu_instance(&self, gpu: &str, gi_id: u32) -> GpuResult<()> {
+        self.count();
+        self.inner.destroy_gpu_instance(gpu, gi_id)
+    }
+    fn compute_instances(&self, gpu: &str, gi_id: u32) -> GpuResult<Vec<ComputeInstance>> {
+        self.count();
+        self.inner.compute_instances(gpu, gi_id)
+    }
+    fn create_compute_instance(&self, gpu: &str, gi_id: u32, ci_profile_id: u32) -> GpuResult<ComputeInstance> {
+        self.count();
+        self.inner.create_compute_instance(gpu, gi_id, ci_profile_id)
+    }
+    fn destroy_compute_instance(&self, gpu: &str, gi_id: u32, ci_id: u32) -> GpuResult<()> {
+        self.count();
+        self.inner.destroy_compute_instance(gpu, gi_id, ci_id)
+    }
+    fn boot_id(&self) -> GpuResult<String> {
+        self.inner.boot_id()
+    }
+}
+
+struct Node {
+    dir: tempfile::TempDir,
+    sim: Arc<SimBackend>,
+    counting: Arc<Counting>,
+}
+
+impl Node {
+    fn new(spec: &str) -> Self {
+        let sim = Arc::new(SimBackend::in_memory(&SimSpec::parse(spec).unwrap()));
+        let counting = Arc::new(Counting { inner: sim.clone(), calls: AtomicU64::new(0) });
+        Self { dir: tempfile::tempdir().unwrap(), sim, counting }
+    }
+
+    fn options(&self) -> Options {
+        Options::new(DRIVER, NODE, self.dir.path().join("state"), self.dir.path().join("cdi"))
+    }
+
+    /// A plugin process: a fresh engine on the same hardware and directories.
+    fn engine(&self) -> Engine {
+        self.engine_with(self.options())
+    }
+
+    fn engine_with(&self, opts: Options) -> Engine {
+        Engine::new(self.counting.clone(), opts).unwrap()
+    }
+
+    fn minor(&self, index: usize) -> u32 {
+        self.sim.gpus().unwrap()[index].minor
+    }
+
+    fn uuid(&self, index: usize) -> String {
+        self.sim.gpus().unwrap()[index].uuid.clone()
+    }
+
+    /// Every (GPU, GI, CI count) on the node.
+    fn instances(&self) -> Vec<(u32, GpuInstance, usize)> {
+        let mut out = Vec::new();
+        for g in self.sim.gpus().unwrap().into_iter().filter(|g| g.mig_enabled) {
+            for gi in self.sim.gpu_instances(&g.uuid).unwrap() {
+                let cis = self.sim.compute_instances(&g.uuid, gi.id).unwrap().len();
+                out.push((g.index, gi, cis));
+            }
+        }
+        out
+    }
+
+    fn cdi_files(&self) -> usize {
+        std::fs::read_dir(self.dir.path().join("cdi")).map_or(0, |d| d.count())
+    }
+}
+
+fn claim(uid: &str) -> ClaimRef {
+    ClaimRef { uid: uid.to_string(), namespace: "ns".into(), name: format!("claim-{uid}") }
+}
+
+fn result(device: &str) -> AllocationResult {
+    AllocationResult {
+        request: "gpu".into(),
+        driver: DRIVER.into(),
+        pool: NODE.into(),
+        device: device.into(),
+        admin_access: None,
+    }
+}
+
+fn mig_name(minor: u32, model: &GpuModel, profile_id: u32, start: u32) -> String {
+    DeviceName::mig(minor, &model.profile(profile_id).unwrap().name, profile_id, start).to_string()
+}
+
+#[test]
+fn every_profile_of_every_model_prepares_at_the_exact_placement_and_unprepares() {
+    let mut checked = 0;
+    for model in catalog::models() {
+        let node = Node::new(&format!("{}:1", model.key));
+        let engine = node.engine();
+        let minor = node.minor(0);
+        for p in &model.profiles {
+            for &start in &p.placements {
+                let uid = format!("u-{}-{start}", p.id);
+                let device = mig_name(minor, model, p.id, start);
+                let out = engine.prepare(&claim(&uid), &[result(&device)]).unwrap();
+                assert_eq!(out.len(), 1);
+                let inst = node.instances();
+                assert_eq!(inst.len(), 1, "{device}");
+                let (_, gi, cis) = &inst[0];
+                assert_eq!((gi.profile_id, gi.start, gi.size, *cis), (p.id, start, p.memory_slices, 1), "{device}");
+                let status = &out[0].status;
+                assert_eq!(status.placement.unwrap().start, start);
+                assert_eq!(status.gpu_instance_id, Some(gi.id));
+                let mig_uuid = status.mig_uuid.clone().unwrap();
+                let ci = &node.sim.compute_instances(&node.uuid(0), gi.id).unwrap()[0];
+                assert_eq!(mig_uuid, ci.uuid);
+
+                let spec = engine_spec(&node, &uid);
+                let id = &out[0].cdi_ids[0];
+                let (kind, name) = id.split_once('=').unwrap();
+                assert_eq!(spec["kind"], kind);
+                let dev =
+                    spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
+                let env: Vec<&str> =
+                    dev["containerEdits"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
+                assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}").as_str()));
+                let nodes: Vec<&str> = dev["containerEdits"]["deviceNodes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n["path"].as_str().unwrap())
+                    .collect();
+                let gpu_nodes: Vec<&&str> =
+                    nodes.iter().filter(|n| n.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).collect();
+                assert_eq!(gpu_nodes, [&format!("/dev/nvidia{minor}").as_str()], "only the parent GPU node");
+                assert_eq!(nodes.iter().filter(|n| n.starts_with("/dev/nvidia-caps/")).count(), 2);
+
+                engine.unprepare(&uid).unwrap();
+                assert!(node.instances().is_empty(), "{device}");
+                assert_eq!(node.cdi_files(), 0);
+                checked += 1;
+            }
+        }
+        assert!(engine.checkpoint().unwrap().claims.is_empty());
+    }
+    println!("prepared and unprepared {checked} profile × placement combinations");
+    assert!(checked > 150);
+}
+
+fn engine_spec(node: &Node, uid: &str) -> serde_json::Value {
+    let dir = node.dir.path().join("cdi");
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains(uid))
+        .expect("spec file");
+    serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+}
+
+#[test]
+fn a_repeated_prepare_returns_the_same_devices_without_nvml_calls() {
+    let node = Node::new("h100-80gb:1");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 9, 4);
+    let first = engine.prepare(&claim("a"), &[result(&dev)]).unwrap();
+    let before = node.counting.calls.load(Ordering::SeqCst);
+    let again = engine.prepare(&claim("a"), &[result(&dev)]).unwrap();
+    assert_eq!(first, again);
+    assert_eq!(node.counting.calls.load(Ordering::SeqCst), before, "no NVML call");
+    engine.unprepare("never-seen").unwrap();
+}
+
+#[test]
+fn whole_gpus_and_several_devices_per_claim() {
+    let node = Node::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let m = node.minor(0);
+    let whole = format!("gpu-{}", node.minor(1));
+    let devs = [result(&mig_name(m, model, 19, 0)), result(&mig_name(m, model, 14, 2)), result(&whole)];
+    let out = engine.prepare(&claim("multi"), &devs).unwrap();
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[2].status.mig_uuid, None);
+    assert_eq!(out[2].status.parent_uuid, node.uuid(1));
+    assert_eq!(node.instances().len(), 2);
+    engine.unprepare("multi").unwrap();
+    assert!(node.instances().is_empty());
+}
+
+#[test]
+fn bad_input_fails_only_that_claim_and_creates_nothing() {
+    let node = Node::new("h100-80gb:1");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let m = node.minor(0);
+    let good = mig_name(m, model, 9, 0);
+    engine.prepare(&claim("good"), &[result(&good)]).unwrap();
+
+    let mut other_pool = result(&mig_name(m, model, 19, 4));
+    other_pool.pool = "node-b".into();
+    let mut other_driver = result(&mig_name(m, model, 19, 4));
+    other_driver.driver = "gpu.nvidia.com".into();
+    let cases: Vec<(&str, Vec<AllocationResult>, &str)> = vec![
+        ("pool", vec![other_pool], "node-b"),
+        ("driver", vec![other_driver], "gpu.nvidia.com"),
+        ("malformed", vec![result("gpu-0-mig-3g40gb")], "gpu-0-mig-3g40gb"),
+        ("placement", vec![result(&format!("gpu-{m}-mig-3g40gb-9-2"))], "{0,4}:4"),
+        ("profile", vec![result(&format!("gpu-{m}-mig-3g40gb-5-0"))], "4g.40gb"),
+        ("no-gpu", vec![result("gpu-77-mig-3g40gb-9-4")], "minor 77"),
+        ("twice", vec![result(&good)], "already prepared for claim ns/claim-good"),
+    ];
+    let before = node.instances();
+    for (uid, results, needle) in cases {
+        let err = engine.prepare(&claim(uid), &results).expect_err(uid).to_string();
+        assert!(err.contains(needle) && err.contains(uid), "{uid}: {err}");
+        assert_eq!(node.instances(), before, "{uid} created nothing");
+        assert!(!engine.checkpoint().unwrap().claims.contains_key(uid));
+    }
+    let changed = engine.prepare(&claim("good"), &[result(&mig_name(m, model, 9, 4))]).unwrap_err();
+    assert!(matches!(changed, PrepareError::AllocationChanged { .. }), "{changed}");
+    // The good claim is untouched and a later claim still works.
+    engine.prepare(&claim("later"), &[result(&mig_name(m, model, 9, 4))]).unwrap();
+    assert_eq!(node.instances().len(), 2);
+}
+
+#[test]
+fn an_nvml_failure_at_any_step_leaves_nothing_behind_and_the_claim_can_be_retried() {
+    let model = catalog::model("h100-80gb").unwrap();
+    for fault in [
+        "list-gi=unknown:1",
+        "create-gi=insufficient-resources:1",
+        "list-ci=unknown:1",
+        "create-ci=insufficient-resources:1",
+        "create-ci=no-permission:1",
+    ] {
+        let node = Node::new("h100-80gb:1");
+        let engine = node.engine();
+        let dev = mig_name(node.minor(0), model, 14, 2);
+        node.sim.add_fault(Fault::parse(fault).unwrap()).unwrap();
+        let err = engine.prepare(&claim("f"), &[result(&dev)]).unwrap_err().to_string();
+        assert!(err.contains("ns/claim-f") && err.contains(&dev), "{fault}: {err}");
+        assert!(node.instances().is_empty(), "{fault}: rolled back");
+        assert_eq!(node.cdi_files(), 0);
+        assert!(engine.checkpoint().unwrap().claims.is_empty(), "{fault}");
+        engine.prepare(&claim("f"), &[result(&dev)]).unwrap();
+        assert_eq!(node.instances().len(), 1, "{fault}: retry succeeds");
+    }
+}
+
+#[test]
+fn a_failing_destroy_keeps_the_claim_until_a_retry_succeeds() {
+    let node = Node::new("h100-80gb:1");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    engine.prepare(&claim("busy"), &[result(&mig_name(node.minor(0), model, 19, 3))]).unwrap();
+    node.sim.add_fault(Fault::parse("destroy-gi=in-use:1").unwrap()).unwrap();
+    let err = engine.unprepare("busy").unwrap_err().to_string();
+    assert!(err.contains("in-use"), "{err}");
+    assert_eq!(engine.checkpoint().unwrap().claims["busy"].state, ClaimState::UnprepareStarted);
+    engine.unprepare("busy").unwrap();
+    assert!(node.instances().is_empty());
+    assert!(engine.checkpoint().unwrap().claims.is_empty());
+}
+
+/// A crash at every step of prepare and unprepare (the hook panics there, so no rollback code
+/// runs), then a new engine (process) recovers, and the kubelet's retry converges.
+#[test]
+fn a_crash_at_every_step_converges_after_restart_with_nothing_leaked() {
+    let mut tried = 0;
+    for model_key in ["h100-80gb", "a30-24gb", "rtx-pro-6000"] {
+        let model = catalog::model(model_key).unwrap();
+        for p in &model.profiles {
+            let start = *p.placements.last().unwrap();
+            for step in Step::ALL {
+                let node = Node::new(&format!("{model_key}:1"));
+                let dev = mig_name(node.minor(0), model, p.id, start);
+                let crashing = node.engine().with_hook(Arc::new(move |s| {
+                    if s == step {
+                        panic!("crash at {}", s.name());
+                    }
+                }));
+                let c = claim("crash");
+                let prepared = catch_unwind(AssertUnwindSafe(|| crashing.prepare(&c, &[result(&dev)])));
+                let unprepare_phase = prepared.is_ok();
+                if unprepare_phase {
+                    prepared.unwrap().unwrap();
+                    assert!(catch_unwind(AssertUnwindSafe(|| crashing.unprepare("crash"))).is_err(), "{}", step.name());
+                }
+                drop(crashing);
+
+                let engine = node.engine();
+                let report = engine.recover().unwrap();
+                assert!(report.orphans.iter().all(|o| o.action == OrphanAction::Destroyed));
+                if unprepare_phase {
+                    engine.unprepare("crash").unwrap();
+                } else {
+                    let out = engine.prepare(&c, &[result(&dev)]).unwrap();
+                    let inst = node.instances();
+                    assert_eq!(inst.len(), 1, "{dev} after crash at {}", step.name());
+                    assert_eq!((inst[0].1.profile_id, inst[0].1.start, inst[0].2), (p.id, start, 1));
+                    assert_eq!(out[0].status.gpu_instance_id, Some(inst[0].1.id));
+                    engine.unprepare("crash").unwrap();
+                }
+                assert!(node.instances().is_empty(), "leak after crash at {} on {dev}", step.name());
+                assert!(engine.checkpoint().unwrap().claims.is_empty());
+                assert_eq!(node.cdi_files(), 0);
+                tried += 1;
+            }
+        }
+    }
+    println!("crash points × profiles tried: {tried}, leaked instances: 0, stuck claims: 0");
+}
+
+#[test]
+fn a_reboot_keeps_claims_and_the_next_prepare_recreates_them() {
+    let node = Node::new("h100-80gb:1");
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 15, 6);
+    let before = node.engine().prepare(&claim("r"), &[result(&dev)]).unwrap();
+    node.sim.reboot().unwrap();
+    let engine = node.engine();
+    let report = engine.recover().unwrap();
+    assert!(report.boot_changed);
+    assert_eq!(report.marked_for_recreate, ["r"]);
+    let rec = &engine.checkpoint().unwrap().claims["r"];
+    assert!(rec.needs_recreate);
+    let after = engine.prepare(&claim("r"), &[result(&dev)]).unwrap();
+    assert_ne!(after[0].status.mig_uuid, before[0].status.mig_uuid, "a new instance");
+    assert_eq!(after[0].status.placement, before[0].status.placement);
+    assert_eq!(node.instances().len(), 1);
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_moved_aside_and_rebuilt_from_cdi_and_hardware() {
+    let node = Node::new("h100-80gb:1");
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 9, 0);
+    let before = node.engine().prepare(&claim("c"), &[result(&dev)]).unwrap();
+    let path = node.dir.path().join("state/checkpoint.json");
+    std::fs::write(&path, b"{\"version\":1,\"checksum\":\"0\",\"checkpoint\":{}}").unwrap();
+    let engine = node.engine();
+    let report = engine.recover().unwrap();
+    assert_eq!(report.checkpoint, "corrupt");
+    let (moved, _) = report.corrupt.clone().unwrap();
+    assert!(moved.to_string_lossy().contains("checkpoint.json.corrupt-"));
+    assert!(moved.exists());
+    assert_eq!(report.rebuilt_claims, ["c"]);
+    assert!(report.orphans.is_empty(), "the instance is explained by the rebuilt claim");
+    let again = engine.prepare(&claim("c"), &[result(&dev)]).unwrap();
+    assert_eq!(again[0].status.mig_uuid, before[0].status.mig_uuid);
+    engine.unprepare("c").unwrap();
+    assert!(node.instances().is_empty());
+}
+
+#[test]
+fn orphans_follow_the_policy_on_dynamic_gpus_and_are_never_touched_on_static_ones() {
+    let node = Node::new("h100-80gb:2");
+    let (g0, g1) = (node.uuid(0), node.uuid(1));
+    node.sim.create_gpu_instance(&g0, 19, 0).unwrap();
+    node.sim.create_gpu_instance(&g1, 19, 0).unwrap();
+    let mut opts = node.options();
+    opts.orphans = OrphanPolicy::Report;
+    opts.mode_overrides = vec![(g1.clone(), GpuMode::Static)];
+    let report = node.engine_with(opts.clone()).recover().unwrap();
+    assert_eq!(report.orphans.len(), 1, "only the dynamic GPU is swept");
+    assert_eq!(report.orphans[0].action, OrphanAction::Reported);
+    assert_eq!(node.instances().len(), 2);
+    opts.orphans = OrphanPolicy::Destroy;
+    let report = node.engine_with(opts).recover().unwrap();
+    assert_eq!(report.orphans[0].action, OrphanAction::Destroyed);
+    let left = node.instances();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].0, 1, "the static GPU keeps its instance");
+}
+
+#[test]
+fn static_mig_uses_the_administrators_instance_and_never_destroys_it() {
+    let node = Node::new("h100-80gb:1");
+    let g = node.uuid(0);
+    let gi = node.sim.create_gpu_instance(&g, 14, 4).unwrap();
+    let ci = node.sim.create_compute_instance(&g, gi.id, 1).unwrap();
+    let mut opts = node.options();
+    opts.mig_mode = GpuMode::Static;
+    let engine = node.engine_with(opts);
+    let model = catalog::model("h100-80gb").unwrap();
+    let out = engine.prepare(&claim("s"), &[result(&mig_name(node.minor(0), model, 14, 4))]).unwrap();
+    assert_eq!(out[0].status.mig_uuid.as_deref(), Some(ci.uuid.as_str()));
+    let missing = engine.prepare(&claim("t"), &[result(&mig_name(node.minor(0), model, 14, 0))]).unwrap_err();
+    assert!(missing.to_string().contains("static"), "{missing}");
+    engine.unprepare("s").unwrap();
+    assert_eq!(node.instances().len(), 1, "static instances stay");
+}
+
+#[test]
+fn a_second_plugin_process_sees_the_first_ones_claims() {
+    let node = Node::new("h100-80gb:1");
+    let model = catalog::model("h100-80gb").unwrap();
+    let (old, new) = (node.engine(), node.engine());
+    let dev = mig_name(node.minor(0), model, 9, 4);
+    old.prepare(&claim("x"), &[result(&dev)]).unwrap();
+    let err = new.prepare(&claim("y"), &[result(&dev)]).unwrap_err();
+    assert!(matches!(err, PrepareError::DeviceInUse { .. }), "{err}");
+    new.unprepare("x").unwrap();
+    assert!(node.instances().is_empty());
+}
+
+#[test]
+fn eight_claims_on_eight_gpus_run_in_parallel() {
+    let model = catalog::model("h100-80gb").unwrap();
+    let run = |claims: usize| {
+        let node = Node::new("h100-80gb:8");
+        node.sim.add_fault(Fault::parse("create-gi=delay:300ms").unwrap()).unwrap();
+        node.sim.add_fault(Fault::parse("create-ci=delay:300ms").unwrap()).unwrap();
+        let engine = node.engine();
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for i in 0..claims {
+                let dev = mig_name(node.minor(i), model, 9, 0);
+                let engine = &engine;
+                s.spawn(move || engine.prepare(&claim(&format!("p{i}")), &[result(&dev)]).unwrap());
+            }
+        });
+        let took = t.elapsed();
+        assert_eq!(node.instances().len(), claims);
+        took
+    };
+    let one = run(1);
+    let eight = run(8);
+    println!(
+        "one claim: {one:?}; eight claims on eight GPUs: {eight:?} ({:.2}× one)",
+        eight.as_secs_f64() / one.as_secs_f64()
+    );
+    assert!(eight < one * 4, "eight took {eight:?}, one {one:?}: not parallel");
+    assert!(one >= Duration::from_millis(600));
+}
