@@ -1,8 +1,10 @@
 //! Which GPUs a command talks to: the simulator (`--sim`, `--sim-state`) or NVML.
 
-use super::{CliError, Global};
+use super::{CliError, Global, MigModeFlag};
 use crate::gpu::GpuBackend;
 use crate::gpu::sim::{SimBackend, SimSpec};
+use crate::prepare::{Engine, Options, Step};
+use std::sync::Arc;
 
 /// The simulator the flags name. `--sim-state` alone reopens an existing file; with `--sim` too,
 /// the file is created from the spec when missing.
@@ -29,4 +31,70 @@ pub fn open(global: &Global) -> Result<Box<dyn GpuBackend>, CliError> {
         ));
     }
     Ok(Box::new(open_sim(global)?))
+}
+
+/// The plugin directory: `--plugin-dir`, or the kubelet's default for this driver.
+pub fn plugin_dir(global: &Global) -> std::path::PathBuf {
+    global
+        .node
+        .plugin_dir
+        .clone()
+        .unwrap_or_else(|| std::path::Path::new("/var/lib/kubelet/plugins").join(&global.node.driver_name))
+}
+
+/// The state directory: `--state-dir`, or the plugin directory.
+pub fn state_dir(global: &Global) -> std::path::PathBuf {
+    global.node.state_dir.clone().unwrap_or_else(|| plugin_dir(global))
+}
+
+/// This node's name: `--node-name`/`NODE_NAME`, or the host name.
+pub fn node_name(global: &Global) -> String {
+    global.node.node_name.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+    })
+}
+
+/// The prepare engine the flags describe, with the `MIGDRA_CRASH_AT` test hook.
+pub fn engine(global: &Global) -> Result<Engine, CliError> {
+    use crate::mig::devices::GpuMode;
+    let mode = |m: MigModeFlag| match m {
+        MigModeFlag::Dynamic => GpuMode::Dynamic,
+        MigModeFlag::Static => GpuMode::Static,
+    };
+    let mut opts =
+        Options::new(&global.node.driver_name, &node_name(global), state_dir(global), global.node.cdi_dir.clone());
+    opts.mig_mode = mode(global.node.mig_mode);
+    opts.orphans = global.node.orphans;
+    for o in &global.node.mig_mode_override {
+        let (gpu, m) = o.split_once('=').ok_or_else(|| {
+            CliError::Usage(format!("--mig-mode-override {o:?}: expected GPU=dynamic|static (GPU: UUID or NVML index)"))
+        })?;
+        let m = match m.trim() {
+            "dynamic" => GpuMode::Dynamic,
+            "static" => GpuMode::Static,
+            other => {
+                return Err(CliError::Usage(format!(
+                    "--mig-mode-override {o:?}: mode {other:?} is not dynamic or static"
+                )));
+            }
+        };
+        opts.mode_overrides.push((gpu.trim().to_string(), m));
+    }
+    let backend: Arc<dyn GpuBackend> = Arc::from(open(global)?);
+    let engine = Engine::new(backend, opts).map_err(|e| CliError::Failed(e.to_string()))?;
+    Ok(match std::env::var("MIGDRA_CRASH_AT") {
+        Ok(step) => {
+            let step = Step::parse(&step).ok_or_else(|| {
+                let names: Vec<&str> = Step::ALL.iter().map(|s| s.name()).collect();
+                CliError::Usage(format!("MIGDRA_CRASH_AT={step:?} is not a step; valid: {}", names.join(", ")))
+            })?;
+            engine.with_hook(Arc::new(move |s| {
+                if s == step {
+                    // Like SIGKILL: no unwinding, no destructors, no rollback.
+                    std::process::abort();
+                }
+            }))
+        }
+        Err(_) => engine,
+    })
 }

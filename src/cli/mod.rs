@@ -4,6 +4,7 @@
 //! 1 any other failure. Every error is one line.
 
 mod backend;
+mod claims;
 mod layout;
 mod output;
 mod profiles;
@@ -36,6 +37,49 @@ pub struct Global {
     /// Output format
     #[arg(short = 'o', long, global = true, env = "MIGDRA_OUTPUT", value_enum, default_value_t)]
     pub output: Format,
+    #[command(flatten)]
+    pub node: NodeFlags,
+}
+
+/// Where this node's plugin keeps its files, and how it treats MIG GPUs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeFlags {
+    /// DRA driver name
+    #[arg(long, global = true, env = "MIGDRA_DRIVER_NAME", default_value = "mig.slinky.slurm.net")]
+    pub driver_name: String,
+    /// This node's name (the pool name); default: the host name
+    #[arg(long, global = true, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Kubelet plugin directory [default: /var/lib/kubelet/plugins/<driver>]
+    #[arg(long, global = true, env = "MIGDRA_PLUGIN_DIR")]
+    pub plugin_dir: Option<std::path::PathBuf>,
+    /// Checkpoint and lock files [default: the plugin directory]
+    #[arg(long, global = true, env = "MIGDRA_STATE_DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
+    /// CDI spec directory
+    #[arg(long, global = true, env = "MIGDRA_CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: std::path::PathBuf,
+    /// ResourceClaim objects (JSON or YAML, status.allocation filled) instead of the API server
+    #[arg(long, global = true, env = "MIGDRA_CLAIMS_DIR", value_name = "DIR")]
+    pub claims_dir: Option<std::path::PathBuf>,
+    /// MIG GPUs: dynamic (migdra creates and destroys every instance) or static (an administrator's)
+    #[arg(long, global = true, env = "MIGDRA_MIG_MODE", value_enum, default_value_t = MigModeFlag::Dynamic)]
+    pub mig_mode: MigModeFlag,
+    /// Per-GPU MIG mode, UUID-or-index=dynamic|static, comma-separated
+    #[arg(long, global = true, env = "MIGDRA_MIG_MODE_OVERRIDE", value_delimiter = ',', value_name = "GPU=MODE")]
+    pub mig_mode_override: Vec<String>,
+    /// MIG instances on dynamic GPUs that no claim explains, found at start
+    #[arg(long, global = true, env = "MIGDRA_ORPHANS", value_enum, default_value_t)]
+    pub orphans: crate::prepare::OrphanPolicy,
+}
+
+/// `--mig-mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MigModeFlag {
+    /// migdra owns every instance and publishes every possible partition
+    Dynamic,
+    /// instances made by an administrator; migdra never creates or destroys them
+    Static,
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,6 +91,8 @@ pub enum Command {
     /// Drive the simulated GPUs by hand
     #[command(subcommand)]
     Sim(sim::SimCommand),
+    /// Claims in the checkpoint; prepare, unprepare or recover by hand
+    Claims(claims::Args),
 }
 
 /// How a command failed: bad input (exit 2) or anything else (exit 1).
@@ -83,6 +129,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Profiles(args) => profiles::run(&args, &cli.global, out),
         Command::Layout => layout::run(&cli.global, out),
         Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),
+        Command::Claims(args) => claims::run(&args, &cli.global, out),
     }
 }
 
