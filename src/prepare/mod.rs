@@ -348,26 +348,10 @@ impl Engine {
                     gpu_minor: p.gpu.info.minor,
                     gpu_index: p.gpu.info.index,
                     mig: p.mig.as_ref().map(|m| {
-                        let kept = before.and_then(|b| b.mig.clone());
-                        MigRecord {
-                            owner: m.owner,
-                            profile_id: m.profile.id,
-                            profile: m.profile.name.clone(),
-                            start: m.start,
-                            size: m.profile.memory_slices,
-                            ..kept.unwrap_or(MigRecord {
-                                owner: m.owner,
-                                profile_id: m.profile.id,
-                                profile: m.profile.name.clone(),
-                                start: m.start,
-                                size: m.profile.memory_slices,
-                                gi_id: None,
-                                ci_id: None,
-                                uuid: None,
-                                gi_cap_minor: None,
-                                ci_cap_minor: None,
-                            })
-                        }
+                        let intent =
+                            MigRecord::intent(m.owner, m.profile.id, &m.profile.name, m.start, m.profile.memory_slices);
+                        // Keep what an earlier attempt made, if it was for the same partition.
+                        before.and_then(|b| b.mig.clone()).filter(|k| k.forgotten() == intent).unwrap_or(intent)
                     }),
                     cdi_ids: Vec::new(),
                 }
@@ -656,7 +640,7 @@ impl Engine {
                 let _ = self.update_claim(&who, uid, |r| r.last_error = Some(e.to_string()));
                 return Err(e);
             }
-            self.record_mig(&who, uid, i, &MigRecord { gi_id: None, ci_id: None, ..m.clone() })?;
+            self.record_mig(&who, uid, i, &m.forgotten())?;
         }
         self.store
             .update(&self.boot_id, |cp| {

@@ -179,18 +179,7 @@ impl Engine {
     fn find_by_uuid(&self, gpu: &GpuEntry, profile_id: u32, start: u32, uuid: &str) -> Option<MigRecord> {
         let profile = gpu.model.profile(profile_id)?;
         let owner = if gpu.mode == GpuMode::Static { MigOwner::Static } else { MigOwner::Dynamic };
-        let mut m = MigRecord {
-            owner,
-            profile_id,
-            profile: profile.name.clone(),
-            start,
-            size: profile.memory_slices,
-            gi_id: None,
-            ci_id: None,
-            uuid: None,
-            gi_cap_minor: None,
-            ci_cap_minor: None,
-        };
+        let mut m = MigRecord::intent(owner, profile_id, &profile.name, start, profile.memory_slices);
         let gis = self.backend.gpu_instances(&gpu.info.uuid).unwrap_or_default();
         for gi in gis.iter().filter(|g| g.profile_id == profile_id && g.start == start) {
             let cis = self.backend.compute_instances(&gpu.info.uuid, gi.id).unwrap_or_default();
@@ -253,10 +242,6 @@ fn forget_instances(c: &mut ClaimRecord) {
     c.needs_recreate = true;
     c.state = ClaimState::PrepareStarted;
     for m in c.devices.iter_mut().filter_map(|d| d.mig.as_mut()) {
-        m.gi_id = None;
-        m.ci_id = None;
-        m.uuid = None;
-        m.gi_cap_minor = None;
-        m.ci_cap_minor = None;
+        *m = m.forgotten();
     }
 }

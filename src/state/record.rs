@@ -84,6 +84,29 @@ pub struct MigRecord {
     pub ci_cap_minor: Option<u32>,
 }
 
+impl MigRecord {
+    /// The intent alone: what to create, before anything exists.
+    pub fn intent(owner: MigOwner, profile_id: u32, profile: &str, start: u32, size: u32) -> Self {
+        Self {
+            owner,
+            profile_id,
+            profile: profile.to_string(),
+            start,
+            size,
+            gi_id: None,
+            ci_id: None,
+            uuid: None,
+            gi_cap_minor: None,
+            ci_cap_minor: None,
+        }
+    }
+
+    /// The same intent with nothing created: after a reboot, or once destroyed.
+    pub fn forgotten(&self) -> Self {
+        Self::intent(self.owner, self.profile_id, &self.profile, self.start, self.size)
+    }
+}
+
 /// One allocated device of a claim: a whole GPU or one MIG partition on it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
