@@ -13,6 +13,7 @@ pub mod cdi;
 pub mod claims;
 pub mod cli;
 pub mod gpu;
+pub mod kubelet;
 pub mod mig;
 pub mod prepare;
 pub mod state;

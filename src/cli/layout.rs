@@ -8,33 +8,33 @@ use serde::Serialize;
 use std::io::Write;
 
 #[derive(Serialize)]
-struct GpuView {
+pub(super) struct GpuView {
     #[serde(flatten)]
-    gpu: GpuInfo,
-    memory_slices: u32,
-    instances: Vec<InstanceView>,
+    pub(super) gpu: GpuInfo,
+    pub(super) memory_slices: u32,
+    pub(super) instances: Vec<InstanceView>,
 }
 
 #[derive(Serialize)]
-struct InstanceView {
-    device: String,
-    profile: String,
-    profile_id: u32,
-    placement: Placement,
-    gpu_instance_id: u32,
-    compute_instances: Vec<ComputeInstance>,
+pub(super) struct InstanceView {
+    pub(super) device: String,
+    pub(super) profile: String,
+    pub(super) profile_id: u32,
+    pub(super) placement: Placement,
+    pub(super) gpu_instance_id: u32,
+    pub(super) compute_instances: Vec<ComputeInstance>,
 }
 
 #[derive(Serialize)]
-struct Placement {
-    start: u32,
-    size: u32,
+pub(super) struct Placement {
+    pub(super) start: u32,
+    pub(super) size: u32,
 }
 
 #[derive(Serialize)]
-struct LayoutView {
-    boot_id: String,
-    gpus: Vec<GpuView>,
+pub(super) struct LayoutView {
+    pub(super) boot_id: String,
+    pub(super) gpus: Vec<GpuView>,
 }
 
 pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
@@ -47,7 +47,7 @@ pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
     Ok(())
 }
 
-fn read(backend: &dyn GpuBackend) -> Result<LayoutView, crate::gpu::GpuError> {
+pub(super) fn read(backend: &dyn GpuBackend) -> Result<LayoutView, crate::gpu::GpuError> {
     let mut gpus = Vec::new();
     for gpu in backend.gpus()? {
         let model = backend.model(&gpu.uuid)?;
@@ -76,7 +76,7 @@ fn read(backend: &dyn GpuBackend) -> Result<LayoutView, crate::gpu::GpuError> {
 
 /// One block per GPU: a header, a row of slice numbers, a row of letters naming the instance on
 /// each slice (`.` free), and a legend line per instance.
-fn picture(layout: &LayoutView, out: &mut dyn Write) -> std::io::Result<()> {
+pub(super) fn picture(layout: &LayoutView, out: &mut dyn Write) -> std::io::Result<()> {
     for (n, v) in layout.gpus.iter().enumerate() {
         if n > 0 {
             writeln!(out)?;

@@ -5,9 +5,11 @@
 
 mod backend;
 mod claims;
+mod demo;
 mod layout;
 mod output;
 mod profiles;
+mod serve;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -53,6 +55,9 @@ pub struct NodeFlags {
     /// Kubelet plugin directory [default: /var/lib/kubelet/plugins/<driver>]
     #[arg(long, global = true, env = "MIGDRA_PLUGIN_DIR")]
     pub plugin_dir: Option<std::path::PathBuf>,
+    /// Directory the kubelet watches for registration sockets
+    #[arg(long, global = true, env = "MIGDRA_REGISTRY_DIR", default_value = "/var/lib/kubelet/plugins_registry")]
+    pub registry_dir: std::path::PathBuf,
     /// Checkpoint and lock files [default: the plugin directory]
     #[arg(long, global = true, env = "MIGDRA_STATE_DIR")]
     pub state_dir: Option<std::path::PathBuf>,
@@ -93,6 +98,10 @@ pub enum Command {
     Sim(sim::SimCommand),
     /// Claims in the checkpoint; prepare, unprepare or recover by hand
     Claims(claims::Args),
+    /// The kubelet plugin daemon
+    Serve(serve::Args),
+    /// A day on a simulated node: the real daemon, driven over its sockets like a kubelet
+    Demo(demo::Args),
 }
 
 /// How a command failed: bad input (exit 2) or anything else (exit 1).
@@ -130,6 +139,8 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Layout => layout::run(&cli.global, out),
         Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),
         Command::Claims(args) => claims::run(&args, &cli.global, out),
+        Command::Serve(args) => serve::run(&args, &cli.global),
+        Command::Demo(args) => demo::run(&args, out),
     }
 }
 

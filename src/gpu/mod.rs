@@ -176,6 +176,9 @@ pub struct GpuInstance {
     pub start: u32,
     /// Placement size, in memory slices.
     pub size: u32,
+    /// False after an error (XID) on this instance; its MIG device reports unhealthy.
+    #[serde(default = "yes")]
+    pub healthy: bool,
 }
 
 /// A compute instance inside a GPU instance: one MIG device.

@@ -1021,7 +1021,7 @@ impl GpuBackend for SimBackend {
             let mut gis: Vec<GpuInstance> = st.gpus[i]
                 .gpu_instances
                 .iter()
-                .map(|g| GpuInstance { id: g.id, profile_id: g.profile_id, start: g.start, size: g.size })
+                .map(|g| GpuInstance { id: g.id, profile_id: g.profile_id, start: g.start, size: g.size, healthy: g.healthy })
                 .collect();
             gis.sort_by_key(|g| g.id);
             Ok(gis)
@@ -1056,7 +1056,7 @@ impl GpuBackend for SimBackend {
                 compute_instances: Vec::new(),
             };
             st.gpus[i].gpu_instances.push(gi);
-            Ok(GpuInstance { id, profile_id, start, size: profile.memory_slices })
+            Ok(GpuInstance { id, profile_id, start, size: profile.memory_slices, healthy: true })
         })
     }
 

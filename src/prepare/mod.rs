@@ -248,6 +248,11 @@ impl Engine {
         &self.gpus
     }
 
+    /// The hardware this engine drives.
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
     pub fn options(&self) -> &Options {
         &self.opts
     }

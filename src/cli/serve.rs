@@ -1,0 +1,136 @@
+//! `migdra serve`: the daemon. Runs in a fixed, logged order: logging → flags → GPUs and engine →
+//! recovery → DRA socket → registration socket → wait for SIGTERM/SIGINT → registration socket
+//! removed → in-flight calls drained within the grace period → exit 0.
+
+use super::{CliError, CliResult, Global, backend};
+use crate::claims::{ClaimSource, DirSource};
+use crate::kubelet::{self, Driver, PluginConfig, PluginState, SocketPaths};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Pod UID (downward API): socket names carry it, for seamless rolling upgrades
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
+    /// Serve and advertise v1alpha1.DRAResourceHealth
+    #[arg(long, env = "MIGDRA_HEALTH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub health: bool,
+    /// How often device health is re-read, e.g. 1s or 250ms
+    #[arg(long, env = "MIGDRA_HEALTH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub health_interval: Duration,
+    /// How long in-flight calls may take to finish after SIGTERM
+    #[arg(long, env = "MIGDRA_GRACE", default_value = "25s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// How often the registration socket is checked for deletion
+    #[arg(long, env = "MIGDRA_SOCKET_CHECK", default_value = "1s", value_parser = parse_duration)]
+    pub socket_check: Duration,
+    /// Log format
+    #[arg(long, env = "MIGDRA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `250ms`, `1s`, `2m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration; expected e.g. 250ms, 1s, 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?} has unit {unit:?}; expected ms, s or m")),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+pub fn run(args: &Args, global: &Global) -> CliResult {
+    init_logging(args.log_format);
+    let claims: Arc<dyn ClaimSource> = match &global.node.claims_dir {
+        Some(dir) => Arc::new(DirSource::new(dir)),
+        None => {
+            return Err(CliError::Usage(
+                "serve needs --claims-dir DIR in this build (the API-server claim source is not built yet)".into(),
+            ));
+        }
+    };
+    let engine = Arc::new(backend::engine(global)?);
+    for g in engine.gpus() {
+        tracing::info!(index = g.info.index, minor = g.info.minor, uuid = %g.info.uuid, model = %g.model.key, mode = g.mode.as_str(), "GPU");
+    }
+    let report = engine.recover().map_err(|e| CliError::Failed(e.to_string()))?;
+    if let Some((moved, reason)) = &report.corrupt {
+        tracing::error!(moved_to = %moved.display(), %reason, rebuilt = report.rebuilt_claims.len(), "CHECKPOINT WAS CORRUPT: moved aside and rebuilt from CDI specs and the hardware");
+    }
+    if report.boot_changed {
+        tracing::warn!(claims = report.marked_for_recreate.len(), "node rebooted: claims will be re-created on the next prepare");
+    }
+    for o in &report.orphans {
+        tracing::warn!(gpu = %o.gpu, gi = o.gi_id, profile = o.profile_id, start = o.start, action = ?o.action, "MIG instance no claim explains");
+    }
+    tracing::info!(checkpoint = report.checkpoint, "recovery done");
+
+    let plugin_dir = backend::plugin_dir(global);
+    let registry_dir = global.node.registry_dir.clone();
+    let paths = SocketPaths::new(&plugin_dir, &registry_dir, &global.node.driver_name, args.pod_uid.as_deref());
+    let config = PluginConfig {
+        driver: global.node.driver_name.clone(),
+        paths,
+        health: args.health,
+        health_interval: args.health_interval,
+        grace: args.grace,
+        socket_check: args.socket_check,
+    };
+    let state = Arc::new(PluginState::default());
+    let driver = Arc::new(Driver::new(engine, claims, state.clone()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(format!("failed to start the runtime: {e}")))?;
+    runtime
+        .block_on(kubelet::serve(config, driver, state, shutdown_signal()))
+        .map_err(|e| CliError::Failed(e.to_string()))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The first SIGTERM or SIGINT starts a graceful shutdown; a second one exits at once.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::warn!("second signal: exiting without waiting");
+        std::process::exit(1);
+    });
+}
+

@@ -1,0 +1,165 @@
+//! A kubelet, as far as a DRA plugin can tell: it registers the plugin over the registration
+//! socket, then calls the DRA and health services over the endpoint the plugin gave. The demo and
+//! the integration tests drive migdra with it, over the real sockets and the real protocol.
+
+use super::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
+use super::proto::health_v1alpha1::{NodeWatchResourcesRequest, NodeWatchResourcesResponse};
+use super::proto::registration::registration_client::RegistrationClient;
+use super::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use super::proto::{dra_v1, dra_v1beta1};
+use crate::claims::ClaimRef;
+use hyper_util::rt::TokioIo;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+/// Open a gRPC channel over the Unix socket at `path`.
+///
+/// # Errors
+/// The socket does not answer.
+pub async fn connect(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    // The URI is required by tonic but unused: every connection goes to the socket.
+    Endpoint::from_static("http://kubelet.invalid")
+        .connect_timeout(Duration::from_secs(10))
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+        }))
+        .await
+}
+
+/// The DRA API version a call uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V1beta1,
+}
+
+/// One prepared device as the kubelet sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub request_names: Vec<String>,
+    pub pool: String,
+    pub device: String,
+    pub cdi_ids: Vec<String>,
+}
+
+/// Per-claim outcome: devices, or the plugin's error string.
+pub type Prepared = std::collections::BTreeMap<String, Result<Vec<Device>, String>>;
+
+/// A registered plugin, ready for calls.
+#[derive(Debug, Clone)]
+pub struct TestKubelet {
+    pub info: PluginInfo,
+    dra: Channel,
+}
+
+impl TestKubelet {
+    /// Register the plugin behind `registration_socket` as the kubelet does: GetInfo, check it,
+    /// connect to the endpoint, then NotifyRegistrationStatus(true).
+    ///
+    /// # Errors
+    /// Any step fails; the message says which.
+    pub async fn register(registration_socket: &Path) -> Result<Self, String> {
+        let channel = connect(registration_socket).await.map_err(|e| format!("connect registration socket: {e}"))?;
+        let mut reg = RegistrationClient::new(channel);
+        let info = reg.get_info(InfoRequest {}).await.map_err(|e| format!("GetInfo: {e}"))?.into_inner();
+        if info.r#type != "DRAPlugin" || !info.supported_versions.iter().any(|v| v == super::DRA_V1) {
+            let error = format!("unsupported plugin {info:?}");
+            let _ = reg.notify_registration_status(RegistrationStatus { plugin_registered: false, error: error.clone() }).await;
+            return Err(error);
+        }
+        let dra = connect(&PathBuf::from(&info.endpoint)).await.map_err(|e| format!("connect {}: {e}", info.endpoint))?;
+        reg.notify_registration_status(RegistrationStatus { plugin_registered: true, error: String::new() })
+            .await
+            .map_err(|e| format!("NotifyRegistrationStatus: {e}"))?;
+        Ok(Self { info, dra })
+    }
+
+    /// A client for a DRA socket without registering (for calls before registration).
+    ///
+    /// # Errors
+    /// The socket does not answer.
+    pub async fn unregistered(dra_socket: &Path) -> Result<Self, String> {
+        let dra = connect(dra_socket).await.map_err(|e| e.to_string())?;
+        Ok(Self { info: PluginInfo::default(), dra })
+    }
+
+    /// NodePrepareResources.
+    ///
+    /// # Errors
+    /// The gRPC status of the whole call.
+    pub async fn prepare(&self, version: Version, claims: &[ClaimRef]) -> Result<Prepared, tonic::Status> {
+        macro_rules! call {
+            ($v:ident, $client:ty) => {{
+                let request = $v::NodePrepareResourcesRequest {
+                    claims: claims
+                        .iter()
+                        .map(|c| $v::Claim { namespace: c.namespace.clone(), uid: c.uid.clone(), name: c.name.clone() })
+                        .collect(),
+                };
+                let response = <$client>::new(self.dra.clone()).node_prepare_resources(request).await?.into_inner();
+                response
+                    .claims
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let out = if r.error.is_empty() {
+                            Ok(r.devices
+                                .into_iter()
+                                .map(|d| Device {
+                                    request_names: d.request_names,
+                                    pool: d.pool_name,
+                                    device: d.device_name,
+                                    cdi_ids: d.cdi_device_ids,
+                                })
+                                .collect())
+                        } else {
+                            Err(r.error)
+                        };
+                        (uid, out)
+                    })
+                    .collect()
+            }};
+        }
+        Ok(match version {
+            Version::V1 => call!(dra_v1, dra_v1::dra_plugin_client::DraPluginClient<Channel>),
+            Version::V1beta1 => call!(dra_v1beta1, dra_v1beta1::dra_plugin_client::DraPluginClient<Channel>),
+        })
+    }
+
+    /// NodeUnprepareResources: per-claim error strings, empty for success.
+    ///
+    /// # Errors
+    /// The gRPC status of the whole call.
+    pub async fn unprepare(
+        &self,
+        version: Version,
+        claims: &[ClaimRef],
+    ) -> Result<std::collections::BTreeMap<String, String>, tonic::Status> {
+        macro_rules! call {
+            ($v:ident, $client:ty) => {{
+                let request = $v::NodeUnprepareResourcesRequest {
+                    claims: claims
+                        .iter()
+                        .map(|c| $v::Claim { namespace: c.namespace.clone(), uid: c.uid.clone(), name: c.name.clone() })
+                        .collect(),
+                };
+                let response = <$client>::new(self.dra.clone()).node_unprepare_resources(request).await?.into_inner();
+                response.claims.into_iter().map(|(uid, r)| (uid, r.error)).collect()
+            }};
+        }
+        Ok(match version {
+            Version::V1 => call!(dra_v1, dra_v1::dra_plugin_client::DraPluginClient<Channel>),
+            Version::V1beta1 => call!(dra_v1beta1, dra_v1beta1::dra_plugin_client::DraPluginClient<Channel>),
+        })
+    }
+
+    /// Open the health stream.
+    ///
+    /// # Errors
+    /// The plugin does not serve health.
+    pub async fn watch_health(&self) -> Result<tonic::Streaming<NodeWatchResourcesResponse>, tonic::Status> {
+        Ok(DraResourceHealthClient::new(self.dra.clone()).node_watch_resources(NodeWatchResourcesRequest {}).await?.into_inner())
+    }
+}

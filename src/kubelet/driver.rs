@@ -1,0 +1,174 @@
+//! The DRA calls, independent of the wire version: v1 and v1beta1 both land here and call the
+//! one prepare engine. Each claim runs on a blocking thread of its own (NVML and file I/O block),
+//! so claims on different GPUs proceed in parallel, and a client that hangs up mid-call does not
+//! cancel a prepare half-way: it finishes, and the kubelet's retry finds it done.
+
+use super::PluginState;
+use crate::claims::{ClaimRef, ClaimSource};
+use crate::prepare::{Engine, PreparedDevice};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::Semaphore;
+use tonic::Status;
+
+/// Most claims one call may carry; a kubelet sends the claims of one pod.
+pub const MAX_CLAIMS_PER_CALL: usize = 1024;
+/// Claims handled at once; more wait for a slot.
+const PARALLEL_CLAIMS: usize = 32;
+
+/// Result of one claim, keyed by UID in the response.
+pub type ClaimResults<T> = BTreeMap<String, Result<T, String>>;
+
+/// What the DRA services share.
+pub struct Driver {
+    engine: Arc<Engine>,
+    claims: Arc<dyn ClaimSource>,
+    state: Arc<PluginState>,
+    slots: Arc<Semaphore>,
+    /// Claims being prepared or unprepared right now, including those whose client hung up.
+    inflight: Arc<AtomicUsize>,
+}
+
+/// Counts one claim in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Driver {
+    pub fn new(engine: Arc<Engine>, claims: Arc<dyn ClaimSource>, state: Arc<PluginState>) -> Self {
+        Self { engine, claims, state, slots: Arc::new(Semaphore::new(PARALLEL_CLAIMS)), inflight: Arc::default() }
+    }
+
+    /// Claims being worked on now; shutdown waits for this to reach 0.
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::SeqCst)
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    fn check(&self, n: usize) -> Result<(), Status> {
+        if !self.state.is_registered() {
+            return Err(Status::unavailable("migdra is not registered with the kubelet yet; retry"));
+        }
+        if n > MAX_CLAIMS_PER_CALL {
+            return Err(Status::invalid_argument(format!(
+                "{n} claims in one call; at most {MAX_CLAIMS_PER_CALL} are accepted"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Prepare every claim; one entry per distinct UID.
+    ///
+    /// # Errors
+    /// A gRPC status for the whole call: not registered yet, or too many claims.
+    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Result<ClaimResults<Vec<PreparedDevice>>, Status> {
+        self.check(claims.len())?;
+        let (engine, source) = (self.engine.clone(), self.claims.clone());
+        let state = self.state.clone();
+        Ok(self
+            .each(claims, move |claim| {
+                let started = std::time::Instant::now();
+                let r = prepare_one(&engine, source.as_ref(), &claim);
+                state.record_call("prepare", started.elapsed(), r.is_ok());
+                match &r {
+                    Ok(d) => tracing::info!(claim = %claim.uid, devices = d.len(), "prepared"),
+                    Err(e) => tracing::warn!(claim = %claim.uid, error = %e, "prepare failed"),
+                }
+                r
+            })
+            .await)
+    }
+
+    /// Unprepare every claim; unknown claims succeed.
+    ///
+    /// # Errors
+    /// As [`Driver::prepare`].
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> Result<ClaimResults<()>, Status> {
+        self.check(claims.len())?;
+        let engine = self.engine.clone();
+        let state = self.state.clone();
+        Ok(self
+            .each(claims, move |claim| {
+                let started = std::time::Instant::now();
+                let r = if claim.uid.is_empty() {
+                    Err("claim has an empty UID".to_string())
+                } else {
+                    engine.unprepare(&claim.uid).map_err(|e| e.to_string())
+                };
+                state.record_call("unprepare", started.elapsed(), r.is_ok());
+                match &r {
+                    Ok(()) => tracing::info!(claim = %claim.uid, "unprepared"),
+                    Err(e) => tracing::warn!(claim = %claim.uid, error = %e, "unprepare failed"),
+                }
+                r
+            })
+            .await)
+    }
+
+    /// Run `f` for each distinct claim on a blocking thread, at most [`PARALLEL_CLAIMS`] at once.
+    async fn each<T: Send + 'static>(
+        &self,
+        claims: Vec<ClaimRef>,
+        f: impl Fn(ClaimRef) -> Result<T, String> + Send + Sync + 'static,
+    ) -> ClaimResults<T> {
+        let f = Arc::new(f);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut tasks = Vec::new();
+        for claim in claims {
+            if !seen.insert(claim.uid.clone()) {
+                continue;
+            }
+            let (f, slots) = (f.clone(), self.slots.clone());
+            let uid = claim.uid.clone();
+            let guard = InFlight::new(&self.inflight);
+            // Spawned, not awaited in place: a hung-up client must not cancel a prepare half-way.
+            tasks.push((
+                uid,
+                tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    let r = tokio::task::spawn_blocking(move || f(claim)).await;
+                    drop(guard);
+                    r
+                }),
+            ));
+        }
+        let mut out = BTreeMap::new();
+        for (uid, task) in tasks {
+            let r = match task.await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) | Err(e) => Err(format!("internal error: {e}")),
+            };
+            out.insert(uid, r);
+        }
+        out
+    }
+}
+
+fn prepare_one(engine: &Engine, source: &dyn ClaimSource, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    if claim.uid.is_empty() {
+        return Err("claim has an empty UID".into());
+    }
+    if claim.name.is_empty() || claim.namespace.is_empty() {
+        return Err(format!("claim {} has an empty name or namespace", claim.uid));
+    }
+    let found = source
+        .get(claim)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("claim {}/{} ({}) is not known to the claim source", claim.namespace, claim.name, claim.uid))?;
+    engine.prepare(claim, &found.results).map_err(|e| e.to_string())
+}

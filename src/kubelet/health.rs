@@ -1,0 +1,110 @@
+//! `v1alpha1.DRAResourceHealth`: the health of every device we publish, streamed to the kubelet.
+//!
+//! Each message carries the complete list (the kubelet marks devices it stops hearing about as
+//! Unknown). A MIG device inherits its parent GPU's health, and is unhealthy on its own when its
+//! instance is. The list is re-read from the backend every interval and sent when it changes, and
+//! at least every [`HEARTBEAT`] so timestamps stay fresh.
+
+use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
+use super::proto::health_v1alpha1::{
+    DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+};
+use crate::mig::devices::GpuMode;
+use crate::mig::naming::DeviceName;
+use crate::prepare::Engine;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+/// Longest gap between two messages.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
+pub struct HealthService {
+    pub engine: Arc<Engine>,
+    pub interval: Duration,
+}
+
+/// (device name, healthy, why not)
+type Snapshot = Vec<(String, bool, String)>;
+
+/// Every published device of this node with its health.
+pub fn snapshot(engine: &Engine) -> Snapshot {
+    let backend = engine.backend();
+    let healthy_gpus: Vec<(String, bool)> =
+        backend.gpus().unwrap_or_default().into_iter().map(|g| (g.uuid, g.healthy)).collect();
+    let mut out = Vec::new();
+    for gpu in engine.gpus() {
+        let minor = gpu.info.minor;
+        let gpu_ok = healthy_gpus.iter().find(|(u, _)| *u == gpu.info.uuid).is_some_and(|(_, h)| *h);
+        let why = if gpu_ok { String::new() } else { format!("GPU {} is unhealthy", gpu.info.uuid) };
+        if gpu.mode == GpuMode::Full {
+            out.push((DeviceName::Gpu { minor }.to_string(), gpu_ok, why));
+            continue;
+        }
+        let instances = backend.gpu_instances(&gpu.info.uuid).unwrap_or_default();
+        let partitions: Vec<(u32, u32)> = match gpu.mode {
+            GpuMode::Static => instances.iter().map(|i| (i.profile_id, i.start)).collect(),
+            _ => gpu.model.profiles.iter().flat_map(|p| p.placements.iter().map(move |s| (p.id, *s))).collect(),
+        };
+        for (profile_id, start) in partitions {
+            let Some(p) = gpu.model.profile(profile_id) else { continue };
+            let name = DeviceName::mig(minor, &p.name, profile_id, start).to_string();
+            let sick = instances.iter().find(|i| i.profile_id == profile_id && i.start == start && !i.healthy);
+            match sick {
+                Some(i) if gpu_ok => out.push((name, false, format!("GPU instance {} is unhealthy", i.id))),
+                _ => out.push((name, gpu_ok, why.clone())),
+            }
+        }
+    }
+    out
+}
+
+fn message(pool: &str, snapshot: &Snapshot) -> NodeWatchResourcesResponse {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    NodeWatchResourcesResponse {
+        devices: snapshot
+            .iter()
+            .map(|(name, ok, why)| DeviceHealth {
+                device: Some(DeviceIdentifier { pool_name: pool.to_string(), device_name: name.clone() }),
+                health: if *ok { HealthStatus::Healthy } else { HealthStatus::Unhealthy } as i32,
+                last_updated_time: now,
+                health_check_timeout_seconds: 0,
+                message: why.chars().take(1024).collect(),
+            })
+            .collect(),
+    }
+}
+
+type HealthStream = Pin<Box<dyn Stream<Item = Result<NodeWatchResourcesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let (engine, interval) = (self.engine.clone(), self.interval);
+        tokio::spawn(async move {
+            let pool = engine.options().pool.clone();
+            let mut last: Option<(Snapshot, Instant)> = None;
+            loop {
+                let e = engine.clone();
+                let Ok(now) = tokio::task::spawn_blocking(move || snapshot(&e)).await else { break };
+                let due = last.as_ref().is_none_or(|(prev, at)| *prev != now || at.elapsed() >= HEARTBEAT);
+                if due {
+                    if tx.send(Ok(message(&pool, &now))).await.is_err() {
+                        break;
+                    }
+                    last = Some((now, Instant::now()));
+                }
+                tokio::time::sleep(interval).await;
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
