@@ -156,12 +156,60 @@ fn run(extra: usize, steps: Vec<Step>) -> Result<(), TestCaseError> {
         }
     }
     let reopened = SimBackend::open(&path, None).unwrap();
-    prop_assert_eq!(reopened.state().unwrap(), last);
+    prop_assert_eq!(reopened.state().unwrap(), last.clone());
+    // Another process reads the same hardware from the file.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_migdra"))
+        .args(["layout", "-o", "json", "--sim-state"])
+        .arg(&path)
+        .env_remove("MIGDRA_SIM_FAULTS")
+        .output()
+        .unwrap();
+    prop_assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    prop_assert_eq!(v["boot_id"].as_str(), Some(last.boot_id.as_str()));
+    for (gpu, sim_gpu) in last.gpus.iter().enumerate() {
+        let mut seen: Vec<(u64, u64, u64, Vec<String>)> = v["gpus"][gpu]["instances"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|i| {
+                        let uuids = i["compute_instances"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|c| c["uuid"].as_str().unwrap().to_string())
+                            .collect();
+                        (
+                            i["gpu_instance_id"].as_u64().unwrap(),
+                            i["profile_id"].as_u64().unwrap(),
+                            i["placement"]["start"].as_u64().unwrap(),
+                            uuids,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut want: Vec<(u64, u64, u64, Vec<String>)> = sim_gpu
+            .gpu_instances
+            .iter()
+            .map(|g| {
+                (
+                    g.id.into(),
+                    g.profile_id.into(),
+                    g.start.into(),
+                    g.compute_instances.iter().map(|c| c.uuid.clone()).collect(),
+                )
+            })
+            .collect();
+        seen.sort();
+        want.sort();
+        prop_assert_eq!(seen, want, "GPU {} as another process sees it", gpu);
+    }
     Ok(())
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
     fn random_create_destroy_sequences_keep_the_hardware_valid(extra in 0..64usize, steps in prop::collection::vec(step(), 1..40)) {
