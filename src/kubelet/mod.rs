@@ -139,12 +139,20 @@ pub async fn serve(
     let dra_task = tokio::spawn(dra_server);
     tracing::info!(socket = %dra_path.display(), "serving DRA v1, v1beta1{}", if config.health { " and health" } else { "" });
 
-    let registration = tokio::spawn(registration_loop(config.clone(), state.clone(), registration_stopped));
+    let mut registration = tokio::spawn(registration_loop(config.clone(), state.clone(), registration_stopped));
 
-    shutdown.await;
-    tracing::info!("shutting down: removing the registration socket first");
-    let _ = stop_registration.send(true);
-    let registration_result = registration.await;
+    // A registration socket that cannot be (re-)created leaves the kubelet blind: fail loudly.
+    let registration_result = tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutting down: removing the registration socket first");
+            let _ = stop_registration.send(true);
+            registration.await
+        }
+        r = &mut registration => {
+            tracing::error!("the registration socket failed; stopping");
+            r
+        }
+    };
     // Wait for claims in flight, not for connections: the kubelet keeps its connection open.
     let deadline = tokio::time::Instant::now() + config.grace;
     while driver.inflight() > 0 && tokio::time::Instant::now() < deadline {

@@ -3,6 +3,7 @@
 //! Different GPUs never share a lock, so they are prepared in parallel.
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ impl GpuLock {
     /// The lock file cannot be opened, or another process holds it past `timeout`.
     pub fn lock(&self, timeout: Duration) -> std::io::Result<GpuGuard<'_>> {
         let local = self.local.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&self.path)?;
+        let file = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&self.path)?;
         let deadline = Instant::now() + timeout;
         loop {
             match file.try_lock() {

@@ -224,7 +224,7 @@ impl Engine {
             let lock = GpuLock::new(&opts.state_dir, &info.uuid);
             gpus.push(GpuEntry { info, model, mode, slurm, lock });
         }
-        std::fs::create_dir_all(&opts.state_dir).map_err(|e| {
+        create_private_dir(&opts.state_dir).map_err(|e| {
             PrepareError::Discovery(GpuError::Invalid(format!("failed to create {}: {e}", opts.state_dir.display())))
         })?;
         Ok(Self {
@@ -704,6 +704,16 @@ impl Engine {
         self.step(Step::GiDestroyed);
         Ok(())
     }
+}
+
+/// Create a directory (and its parents) readable by its owner's group only: 0750.
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
 }
 
 /// Whether a checkpointed MIG device is this GI: by ID when recorded, else by its intent.

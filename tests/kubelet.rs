@@ -1,0 +1,831 @@
+//! The kubelet's side of a real `migdra serve` process: every test starts the daemon on simulated
+//! GPUs (a `--sim-state` file) in a temporary directory, and talks to it as the kubelet does, over
+//! the real Unix sockets and the real protocol (registration, DRA v1 and v1beta1, health). What the
+//! hardware holds afterwards is read back with `migdra layout -o json`, the checkpoint with
+//! `migdra claims -o json`.
+
+#![allow(clippy::print_stdout)] // tests that measure print their figures
+
+use migdra::claims::ClaimRef;
+use migdra::kubelet::client::{Device, Prepared, TestKubelet, Version};
+use migdra::kubelet::proto::health_v1alpha1::{HealthStatus, NodeWatchResourcesResponse};
+use serde_json::{Value, json};
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const DRIVER: &str = "mig.slinky.slurm.net";
+const NODE: &str = "node-a";
+const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
+const NAMESPACE: &str = "team-a";
+/// Every CI create takes 2 s: long enough to do something to a prepare in flight.
+const SLOW_CI: (&str, &str) = ("MIGDRA_SIM_FAULTS", "create-ci=delay:2s");
+
+/// A command with none of the caller's `MIGDRA_*`, `POD_UID` or `NODE_NAME` settings.
+fn migdra_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
+    for (key, _) in std::env::vars_os() {
+        if let Some(k) = key.to_str()
+            && (k.starts_with("MIGDRA_") || k == "POD_UID" || k == "NODE_NAME")
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A claim UID, distinct per `n`.
+fn uid(n: u32) -> String {
+    format!("0d6f6a52-3c9e-4b8e-9a0c-{n:012}")
+}
+
+/// The reference the kubelet sends for the claim [`Node::write_claim`] wrote.
+fn claim(uid: &str) -> ClaimRef {
+    ClaimRef { uid: uid.to_string(), namespace: NAMESPACE.to_string(), name: format!("claim-{uid}") }
+}
+
+fn ok_devices(prepared: &Prepared, uid: &str) -> Vec<Device> {
+    match prepared.get(uid) {
+        Some(Ok(devices)) => devices.clone(),
+        other => panic!("claim {uid}: expected devices, got {other:?} (whole response {prepared:?})"),
+    }
+}
+
+fn error_of(prepared: &Prepared, uid: &str) -> String {
+    match prepared.get(uid) {
+        Some(Err(e)) => e.clone(),
+        other => panic!("claim {uid:?}: expected an error, got {other:?}"),
+    }
+}
+
+/// The one device a claim allocated to `device` must come back as.
+fn assert_device(devices: &[Device], uid: &str, device: &str) {
+    assert_eq!(
+        devices,
+        [Device {
+            request_names: vec!["gpu".into()],
+            pool: NODE.into(),
+            device: device.into(),
+            cdi_ids: vec![format!("{DRIVER}/claim={uid}-{device}")],
+        }],
+        "claim {uid}"
+    );
+}
+
+/// One node: its simulated GPUs and the directories a daemon and the CLI share.
+struct Node {
+    tmp: tempfile::TempDir,
+    daemons: Cell<u32>,
+}
+
+/// A running `migdra serve`, SIGKILLed when dropped.
+struct Daemon {
+    child: Child,
+    registration: PathBuf,
+    dra: PathBuf,
+    log: PathBuf,
+}
+
+/// (parent minor, profile ID, placement start, compute instances, GI ID) of one GPU instance.
+type Instance = (u64, u64, u64, usize, u64);
+
+impl Node {
+    fn new() -> Self {
+        let node = Self { tmp: tempfile::tempdir().unwrap(), daemons: Cell::new(0) };
+        node.cli(&["layout", "--sim", SPEC]);
+        node
+    }
+
+    fn dir(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    fn plugin_dir(&self) -> PathBuf {
+        self.dir().join("plugins").join(DRIVER)
+    }
+
+    fn registry_dir(&self) -> PathBuf {
+        self.dir().join("registry")
+    }
+
+    fn node_flags(&self) -> Vec<OsString> {
+        let d = self.dir();
+        let mut flags: Vec<OsString> = Vec::new();
+        for (flag, path) in [
+            ("--sim-state", d.join("gpus.json")),
+            ("--state-dir", d.join("state")),
+            ("--cdi-dir", d.join("cdi")),
+            ("--claims-dir", d.join("claims")),
+        ] {
+            flags.push(flag.into());
+            flags.push(path.into());
+        }
+        flags.extend(["--node-name".into(), NODE.into()]);
+        flags
+    }
+
+    /// A `migdra` command on this node that must succeed; its stdout.
+    fn cli(&self, args: &[&str]) -> String {
+        let out = migdra_cmd().args(args).args(self.node_flags()).output().unwrap();
+        assert!(out.status.success(), "migdra {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn layout(&self) -> Value {
+        serde_json::from_str(&self.cli(&["layout", "-o", "json"])).unwrap()
+    }
+
+    /// Device minors by NVML index.
+    fn minors(&self) -> Vec<u64> {
+        self.layout()["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap()).collect()
+    }
+
+    /// Every GPU instance on the node, sorted.
+    fn instances(&self) -> Vec<Instance> {
+        let mut out = Vec::new();
+        for g in self.layout()["gpus"].as_array().unwrap() {
+            for i in g["instances"].as_array().unwrap() {
+                out.push((
+                    g["minor"].as_u64().unwrap(),
+                    i["profile_id"].as_u64().unwrap(),
+                    i["placement"]["start"].as_u64().unwrap(),
+                    i["compute_instances"].as_array().unwrap().len(),
+                    i["gpu_instance_id"].as_u64().unwrap(),
+                ));
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// (minor, profile ID, start, CI count) of every instance: what a test can predict.
+    fn placements(&self) -> Vec<(u64, u64, u64, usize)> {
+        self.instances().into_iter().map(|(m, p, s, c, _)| (m, p, s, c)).collect()
+    }
+
+    /// The claims the checkpoint holds.
+    fn checkpoint(&self) -> Value {
+        serde_json::from_str(&self.cli(&["claims", "-o", "json"])).unwrap()
+    }
+
+    fn cdi_specs(&self) -> usize {
+        std::fs::read_dir(self.dir().join("cdi")).map_or(0, |d| d.count())
+    }
+
+    /// A ResourceClaim as the API server returns it, allocated to `device`.
+    fn write_claim(&self, uid: &str, device: &str) {
+        let object = json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": format!("claim-{uid}"), "namespace": NAMESPACE, "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+            ]}}}
+        });
+        let dir = self.dir().join("claims");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{uid}.json")), object.to_string()).unwrap();
+    }
+
+    /// Start `migdra serve` without waiting for it.
+    fn spawn(&self, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let n = self.daemons.get() + 1;
+        self.daemons.set(n);
+        let log = self.dir().join(format!("daemon-{n}.log"));
+        let mut cmd = migdra_cmd();
+        cmd.arg("serve")
+            .args(self.node_flags())
+            .arg("--plugin-dir")
+            .arg(self.plugin_dir())
+            .arg("--registry-dir")
+            .arg(self.registry_dir())
+            .args(["--health-interval", "100ms", "--socket-check", "100ms"])
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let pod = env.iter().find(|(k, _)| *k == "POD_UID").map(|(_, v)| *v);
+        let (dra, registration) = match pod {
+            Some(p) => (format!("dra-{p}.sock"), format!("{DRIVER}-{p}-reg.sock")),
+            None => ("dra.sock".to_string(), format!("{DRIVER}-reg.sock")),
+        };
+        Daemon {
+            child: cmd.spawn().unwrap(),
+            registration: self.registry_dir().join(registration),
+            dra: self.plugin_dir().join(dra),
+            log,
+        }
+    }
+
+    /// Start `migdra serve` and wait until its registration socket answers.
+    async fn serve(&self, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let mut daemon = self.spawn(extra, env);
+        daemon.wait_ready().await;
+        daemon
+    }
+}
+
+impl Daemon {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Until the registration socket accepts connections (a stale socket of a killed daemon
+    /// refuses them).
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            assert!(self.running(), "migdra serve exited before it was ready:\n{}", self.log());
+            if std::os::unix::net::UnixStream::connect(&self.registration).is_ok() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no registration socket after 15 s:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn register(&self) -> TestKubelet {
+        match TestKubelet::register(&self.registration).await {
+            Ok(k) => k,
+            Err(e) => panic!("registration failed: {e}\n{}", self.log()),
+        }
+    }
+
+    /// The exit status, if the process ends within `timeout`.
+    async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a Unix socket is at `path`.
+fn is_socket(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// Poll `f` every 5 ms for up to `timeout`; how long it took, or `None`.
+async fn within(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let started = Instant::now();
+    loop {
+        if f() {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() >= timeout {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Device name → health, from one health message.
+fn health_map(msg: &NodeWatchResourcesResponse) -> BTreeMap<String, HealthStatus> {
+    msg.devices
+        .iter()
+        .map(|d| {
+            let id = d.device.clone().expect("a device identifier");
+            assert_eq!(id.pool_name, NODE, "{d:?}");
+            (id.device_name, HealthStatus::try_from(d.health).expect("a known health value"))
+        })
+        .collect()
+}
+
+/// Read health messages until one satisfies `want` (5 s at most).
+async fn health_until(
+    stream: &mut tonic::Streaming<NodeWatchResourcesResponse>,
+    what: &str,
+    want: impl Fn(&BTreeMap<String, HealthStatus>) -> bool,
+) -> BTreeMap<String, HealthStatus> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = BTreeMap::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(msg) = tokio::time::timeout(left, stream.message()).await else {
+            panic!("no health message with {what} within 5 s; the last said {last:?}");
+        };
+        let msg = msg.expect("health stream failed").expect("health stream ended");
+        last = health_map(&msg);
+        if want(&last) {
+            return last;
+        }
+    }
+}
+
+/// Every device the node publishes: all partitions of each H100 (from `migdra profiles`), and
+/// the whole A100, which has MIG off.
+fn published_devices(minors: &[u64]) -> BTreeSet<String> {
+    let out = migdra_cmd().args(["profiles", "--model", "h100-80gb", "-o", "json"]).output().unwrap();
+    assert!(out.status.success());
+    let profiles: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut names = BTreeSet::new();
+    for minor in &minors[..2] {
+        for p in profiles["profiles"].as_array().unwrap() {
+            let slug = p["name"].as_str().unwrap().replace(['.', '+'], "");
+            for start in p["placements"].as_array().unwrap() {
+                names.insert(format!("gpu-{minor}-mig-{slug}-{}-{start}", p["id"]));
+            }
+        }
+    }
+    names.insert(format!("gpu-{}", minors[2]));
+    names
+}
+
+/// What a kubelet checks at registration: GetInfo says DRAPlugin, our driver name, an endpoint
+/// that is our DRA socket (0600, in a 0750 directory), and exactly the services we serve, v1
+/// first; `--health false` drops the health service from the list (and from the socket). The
+/// DRA socket is there before the registration socket, because the kubelet connects to it as
+/// soon as it registers us.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_handshake() {
+    let node = Node::new();
+    let mut daemon = node.spawn(&[], &[]);
+    let appeared = within(Duration::from_secs(15), || {
+        let reg = is_socket(&daemon.registration);
+        if reg {
+            assert!(is_socket(&daemon.dra), "the registration socket appeared before the DRA socket");
+        }
+        reg
+    })
+    .await;
+    assert!(appeared.is_some(), "no registration socket:\n{}", daemon.log());
+    daemon.wait_ready().await;
+
+    let kubelet = daemon.register().await;
+    let info = &kubelet.info;
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(Path::new(&info.endpoint), daemon.dra);
+    assert!(Path::new(&info.endpoint).is_absolute());
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]);
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&daemon.dra), 0o600, "DRA socket mode");
+    assert_eq!(mode(&daemon.registration), 0o600, "registration socket mode");
+    assert_eq!(mode(&node.plugin_dir()), 0o750, "plugin directory mode");
+    kubelet.watch_health().await.expect("health is served");
+    drop(daemon);
+
+    let node = Node::new();
+    let daemon = node.serve(&["--health", "false"], &[]).await;
+    let kubelet = daemon.register().await;
+    assert_eq!(kubelet.info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+    let err = kubelet.watch_health().await.expect_err("health is not served with --health false");
+    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err}");
+}
+
+/// A 1.34+ kubelet speaks v1, a 1.33 kubelet v1beta1, and across a kubelet upgrade a claim
+/// prepared through one is unprepared through the other. Each prepare creates exactly the
+/// allocated placement; repeating it returns the same devices and creates nothing; unprepare
+/// leaves the hardware and the checkpoint empty, and an unknown claim unprepares without error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_and_v1beta1_prepare_and_unprepare() {
+    let node = Node::new();
+    let m = node.minors();
+    let (a, b) = (uid(1), uid(2));
+    let (dev_a, dev_b) = (format!("gpu-{}-mig-3g40gb-9-4", m[0]), format!("gpu-{}-mig-1g10gb-19-6", m[1]));
+    node.write_claim(&a, &dev_a);
+    node.write_claim(&b, &dev_b);
+    let daemon = node.serve(&[], &[]).await;
+    let kubelet = daemon.register().await;
+
+    let first_a = kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap();
+    let first_b = kubelet.prepare(Version::V1beta1, &[claim(&b)]).await.unwrap();
+    assert_device(&ok_devices(&first_a, &a), &a, &dev_a);
+    assert_device(&ok_devices(&first_b, &b), &b, &dev_b);
+    assert_eq!(node.placements(), {
+        let mut want = vec![(m[0], 9, 4, 1), (m[1], 19, 6, 1)];
+        want.sort_unstable();
+        want
+    });
+    assert_eq!(node.cdi_specs(), 2);
+    let before = node.instances();
+
+    for version in [Version::V1, Version::V1beta1] {
+        assert_eq!(kubelet.prepare(version, &[claim(&a)]).await.unwrap(), first_a, "{version:?} repeat");
+        assert_eq!(kubelet.prepare(version, &[claim(&b)]).await.unwrap(), first_b, "{version:?} repeat");
+    }
+    assert_eq!(node.instances(), before, "a repeated prepare changed the hardware");
+
+    let gone = kubelet.unprepare(Version::V1beta1, &[claim(&a)]).await.unwrap();
+    assert_eq!(gone, BTreeMap::from([(a.clone(), String::new())]));
+    let gone = kubelet.unprepare(Version::V1, &[claim(&b)]).await.unwrap();
+    assert_eq!(gone, BTreeMap::from([(b.clone(), String::new())]));
+    assert_eq!(node.instances(), []);
+    assert_eq!(node.checkpoint(), json!([]));
+    assert_eq!(node.cdi_specs(), 0);
+
+    let unknown = uid(99);
+    for version in [Version::V1, Version::V1beta1] {
+        let r = kubelet.unprepare(version, &[claim(&unknown), claim(&a)]).await.unwrap();
+        assert_eq!(r, BTreeMap::from([(unknown.clone(), String::new()), (a.clone(), String::new())]), "{version:?}");
+    }
+}
+
+/// The kubelet ignores a whole response that lacks a claim it asked for, so each distinct UID
+/// gets exactly one entry: a good claim succeeds next to a claim the source does not know, bad
+/// device names, an empty UID and a missing name, each of which fails alone and leaves nothing
+/// on the GPUs. A call with far too many claims is refused as a whole (InvalidArgument) and the
+/// daemon keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_entry_per_claim_and_bad_claims_fail_alone() {
+    let node = Node::new();
+    let m = node.minors();
+    let good = uid(1);
+    let good_dev = format!("gpu-{}-mig-3g40gb-9-0", m[0]);
+    node.write_claim(&good, &good_dev);
+    let absent = uid(2);
+    let malformed = uid(3);
+    node.write_claim(&malformed, &format!("gpu-{}-mig-bogus", m[0]));
+    let bad_placement = uid(4);
+    node.write_claim(&bad_placement, &format!("gpu-{}-mig-3g40gb-9-2", m[1]));
+    let no_name = uid(5);
+    node.write_claim(&no_name, &format!("gpu-{}-mig-1g10gb-19-0", m[1]));
+    let other_node = uid(6);
+    node.write_claim(&other_node, "gpu-99-mig-3g40gb-9-0");
+
+    let daemon = node.serve(&[], &[]).await;
+    let kubelet = daemon.register().await;
+    let request = [
+        claim(&good),
+        claim(&absent),
+        claim(&malformed),
+        claim(&bad_placement),
+        ClaimRef { uid: String::new(), namespace: NAMESPACE.into(), name: "no-uid".into() },
+        ClaimRef { name: String::new(), ..claim(&no_name) },
+        claim(&other_node),
+        claim(&good),
+    ];
+    for version in [Version::V1, Version::V1beta1] {
+        let r = kubelet.prepare(version, &request).await.unwrap();
+        let keys: BTreeSet<&str> = r.keys().map(String::as_str).collect();
+        let want: BTreeSet<&str> =
+            [good.as_str(), &absent, &malformed, &bad_placement, "", &no_name, &other_node].into();
+        assert_eq!(keys, want, "{version:?}: one entry per distinct UID");
+        assert_device(&ok_devices(&r, &good), &good, &good_dev);
+        for (uid, needle) in [
+            (&absent, absent.as_str()),
+            (&malformed, "bogus"),
+            (&bad_placement, "placement"),
+            (&String::new(), "UID"),
+            (&no_name, "name"),
+            (&other_node, "gpu-99"),
+        ] {
+            let e = error_of(&r, uid);
+            assert!(!e.is_empty() && e.contains(needle), "{version:?} claim {uid:?}: error {e:?} lacks {needle:?}");
+            println!("{version:?} {uid:?}: {e}");
+        }
+        assert_eq!(node.placements(), [(m[0], 9, 0, 1)], "{version:?}: only the good claim holds an instance");
+        assert_eq!(node.cdi_specs(), 1);
+    }
+
+    let many: Vec<ClaimRef> = (0..10_000).map(|n| claim(&uid(1000 + n))).collect();
+    for version in [Version::V1, Version::V1beta1] {
+        let err = kubelet.prepare(version, &many).await.expect_err("10,000 claims in one call");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        let err = kubelet.unprepare(version, &many).await.expect_err("10,000 claims in one call");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    }
+    let again = kubelet.prepare(Version::V1, &[claim(&good)]).await.unwrap();
+    assert_device(&ok_devices(&again, &good), &good, &good_dev);
+    let r = kubelet.unprepare(Version::V1, &[claim(&good)]).await.unwrap();
+    assert_eq!(r, BTreeMap::from([(good.clone(), String::new())]));
+    assert_eq!(node.instances(), []);
+}
+
+/// Calls that reach the DRA socket before the kubelet confirmed the registration are refused
+/// with Unavailable (the kubelet retries) and create nothing; after registration the same
+/// connection works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_before_registration_are_unavailable() {
+    let node = Node::new();
+    let m = node.minors();
+    let c = uid(1);
+    let dev = format!("gpu-{}-mig-2g20gb-14-2", m[1]);
+    node.write_claim(&c, &dev);
+    let daemon = node.serve(&[], &[]).await;
+
+    let early = TestKubelet::unregistered(&daemon.dra).await.unwrap();
+    for version in [Version::V1, Version::V1beta1] {
+        let err = early.prepare(version, &[claim(&c)]).await.expect_err("prepare before registration");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+        let err = early.unprepare(version, &[claim(&c)]).await.expect_err("unprepare before registration");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+    }
+    assert_eq!(node.instances(), []);
+
+    let _kubelet = daemon.register().await;
+    let r = early.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    assert_device(&ok_devices(&r, &c), &c, &dev);
+    assert_eq!(node.placements(), [(m[1], 14, 2, 1)]);
+}
+
+/// The health stream: the first message lists every device the node publishes as healthy; a
+/// GPU gone bad turns all of its partitions unhealthy (they inherit the parent's health) and
+/// nothing else; a bad GPU instance turns just its own partition unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_stream_follows_gpus_and_instances() {
+    let node = Node::new();
+    let m = node.minors();
+    let c = uid(1);
+    let dev = format!("gpu-{}-mig-3g40gb-9-4", m[1]);
+    node.write_claim(&c, &dev);
+    let daemon = node.serve(&[], &[]).await;
+    let kubelet = daemon.register().await;
+    let all = published_devices(&m);
+    assert_eq!(all.len(), 2 * 25 + 1);
+
+    let mut stream = kubelet.watch_health().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    let first = health_map(&first);
+    assert_eq!(first.keys().cloned().collect::<BTreeSet<_>>(), all, "the first message lists every device");
+    assert!(first.values().all(|h| *h == HealthStatus::Healthy), "{first:?}");
+
+    let gpu0 = format!("gpu-{}-", m[0]);
+    node.cli(&["sim", "health", "--gpu", "0", "--unhealthy"]);
+    let started = Instant::now();
+    let h = health_until(&mut stream, "GPU 0 unhealthy", |h| {
+        h.iter().any(|(d, s)| d.starts_with(&gpu0) && *s == HealthStatus::Unhealthy)
+    })
+    .await;
+    println!("GPU 0 unhealthy reported after {:?}", started.elapsed());
+    assert_eq!(h.keys().cloned().collect::<BTreeSet<_>>(), all, "every message lists every device");
+    for (d, s) in &h {
+        let want = if d.starts_with(&gpu0) { HealthStatus::Unhealthy } else { HealthStatus::Healthy };
+        assert_eq!(*s, want, "{d}");
+    }
+
+    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    assert_device(&ok_devices(&r, &c), &c, &dev);
+    let gi = node.instances().into_iter().find(|i| i.0 == m[1]).expect("the claim's instance").4;
+    node.cli(&["sim", "health", "--gpu", "1", "--gi", &gi.to_string(), "--unhealthy"]);
+    let h = health_until(&mut stream, "the instance unhealthy", |h| h[&dev] == HealthStatus::Unhealthy).await;
+    for (d, s) in &h {
+        let want = if d.starts_with(&gpu0) || *d == dev { HealthStatus::Unhealthy } else { HealthStatus::Healthy };
+        assert_eq!(*s, want, "{d}");
+    }
+
+    node.cli(&["sim", "health", "--gpu", "0"]);
+    let h = health_until(&mut stream, "GPU 0 healthy again", |h| {
+        h.iter().all(|(d, s)| !d.starts_with(&gpu0) || *s == HealthStatus::Healthy)
+    })
+    .await;
+    assert_eq!(h[&dev], HealthStatus::Unhealthy);
+}
+
+/// A kubelet that restarts may wipe its registration directory; the plugin notices within its
+/// check interval, puts a new socket there (the kubelet's watcher needs a Create event) and can
+/// be registered through it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_registration_socket_is_recreated() {
+    let node = Node::new();
+    let m = node.minors();
+    let c = uid(1);
+    let dev = format!("gpu-{}", m[2]);
+    node.write_claim(&c, &dev);
+    let daemon = node.serve(&[], &[]).await;
+    let _first = daemon.register().await;
+
+    // The inode alone could be reused by the file system; with the change time it cannot.
+    let identity = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()));
+    let old = identity(&daemon.registration).unwrap();
+    std::fs::remove_file(&daemon.registration).unwrap();
+    let took = within(Duration::from_secs(1), || is_socket(&daemon.registration)).await;
+    let Some(took) = took else { panic!("the registration socket was not re-created within 1 s:\n{}", daemon.log()) };
+    println!("registration socket re-created after {took:?}");
+    assert_ne!(identity(&daemon.registration).unwrap(), old, "a new socket");
+
+    let mut daemon = daemon;
+    daemon.wait_ready().await;
+    let kubelet = daemon.register().await;
+    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    assert_device(&ok_devices(&r, &c), &c, &dev);
+    assert!(daemon.log().contains("re-creating"), "the daemon says why:\n{}", daemon.log());
+}
+
+/// SIGKILL while a prepare is between creating the GPU instance and its compute instance: a new
+/// daemon on the same directories recovers, the kubelet's retry completes the claim with exactly
+/// one instance, and unprepare leaves neither instances nor checkpoint entries behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_prepare_converges_after_restart() {
+    let node = Node::new();
+    let m = node.minors();
+    let c = uid(1);
+    let dev = format!("gpu-{}-mig-4g40gb-5-0", m[0]);
+    node.write_claim(&c, &dev);
+
+    let mut slow = node.serve(&[], &[SLOW_CI]).await;
+    let kubelet = slow.register().await;
+    let inflight = tokio::spawn({
+        let (kubelet, c) = (kubelet.clone(), claim(&c));
+        async move { kubelet.prepare(Version::V1, &[c]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!inflight.is_finished(), "the prepare should still be creating the compute instance");
+    slow.child.kill().unwrap();
+    slow.child.wait().unwrap();
+    let killed = tokio::time::timeout(Duration::from_secs(5), inflight).await.unwrap().unwrap();
+    assert!(killed.is_err(), "a killed daemon answered: {killed:?}");
+    let at_kill = node.placements();
+    println!("at SIGKILL the hardware held {at_kill:?}");
+    drop(slow);
+
+    let daemon = node.serve(&[], &[]).await;
+    let kubelet = daemon.register().await;
+    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    assert_device(&ok_devices(&r, &c), &c, &dev);
+    assert_eq!(node.placements(), [(m[0], 5, 0, 1)], "exactly the claim's instance");
+
+    let r = kubelet.unprepare(Version::V1, &[claim(&c)]).await.unwrap();
+    assert_eq!(r, BTreeMap::from([(c.clone(), String::new())]));
+    assert_eq!(node.instances(), []);
+    assert_eq!(node.checkpoint(), json!([]));
+    assert_eq!(node.cdi_specs(), 0);
+}
+
+/// A kubelet whose call times out hangs up mid-prepare. The prepare is not cut off half-way:
+/// the daemon keeps serving, and the kubelet's retry of the same claim gets the devices, with
+/// exactly one instance on the GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_prepare() {
+    let node = Node::new();
+    let m = node.minors();
+    let c = uid(1);
+    let dev = format!("gpu-{}-mig-1g20gb-15-6", m[1]);
+    node.write_claim(&c, &dev);
+    let mut daemon = node.serve(&[], &[SLOW_CI]).await;
+    let kubelet = daemon.register().await;
+
+    // Its own connection, closed with the call.
+    let impatient = TestKubelet::unregistered(&daemon.dra).await.unwrap();
+    let call = tokio::spawn({
+        let c = claim(&c);
+        async move { impatient.prepare(Version::V1, &[c]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!call.is_finished(), "the prepare should still be in flight");
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+
+    let started = Instant::now();
+    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    println!("the retry returned after {:?}", started.elapsed());
+    assert_device(&ok_devices(&r, &c), &c, &dev);
+    assert_eq!(node.placements(), [(m[1], 15, 6, 1)], "exactly one instance");
+    assert!(daemon.running(), "the daemon died:\n{}", daemon.log());
+    assert_eq!(kubelet.prepare(Version::V1beta1, &[claim(&c)]).await.unwrap(), r);
+    let r = kubelet.unprepare(Version::V1, &[claim(&c)]).await.unwrap();
+    assert_eq!(r, BTreeMap::from([(c.clone(), String::new())]));
+    assert_eq!(node.instances(), []);
+}
+
+/// SIGTERM (a pod deletion or rolling update) while a prepare is in flight: the registration
+/// socket goes first, so the kubelet stops sending; the prepare still completes and is answered;
+/// the process exits 0 within the grace period (an open health stream and an idle registration
+/// connection, which a kubelet holds, do not hold it up) and removes its DRA socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_calls_then_exits() {
+    let node = Node::new();
+    let m = node.minors();
+    let c = uid(1);
+    let dev = format!("gpu-{}-mig-2g20gb-14-4", m[0]);
+    node.write_claim(&c, &dev);
+    let grace = Duration::from_secs(10);
+    let mut daemon = node.serve(&["--grace", "10s"], &[SLOW_CI]).await;
+    let kubelet = daemon.register().await;
+    let inflight = tokio::spawn({
+        let (kubelet, c) = (kubelet.clone(), claim(&c));
+        async move { kubelet.prepare(Version::V1, &[c]).await }
+    });
+    // What a real kubelet holds open besides: the health stream and a registration connection.
+    let mut health = kubelet.watch_health().await.unwrap();
+    health.message().await.unwrap().expect("a first health message");
+    let _registration = migdra::kubelet::client::connect(&daemon.registration).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!inflight.is_finished(), "the prepare should still be in flight");
+
+    let term = Instant::now();
+    let status = Command::new("kill").args(["-TERM", &daemon.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    let (reg, dra) = (daemon.registration.clone(), daemon.dra.clone());
+    let gone = within(Duration::from_secs(2), || {
+        let gone = !reg.exists();
+        if gone {
+            assert!(is_socket(&dra), "the DRA socket went before the registration socket");
+        }
+        gone
+    })
+    .await;
+    assert!(gone.is_some(), "the registration socket is still there:\n{}", daemon.log());
+    assert!(!inflight.is_finished(), "the registration socket should go before the prepare finishes");
+
+    let r = tokio::time::timeout(grace, inflight).await.unwrap().unwrap();
+    let r = r.unwrap_or_else(|e| panic!("the in-flight prepare failed: {e}\n{}", daemon.log()));
+    assert_device(&ok_devices(&r, &c), &c, &dev);
+    let exit = daemon.wait_exit(grace).await;
+    println!("registration socket gone after {:?}, exit {exit:?} after {:?}", gone.unwrap(), term.elapsed());
+    let exit = exit.unwrap_or_else(|| panic!("still running after the grace period:\n{}", daemon.log()));
+    assert!(exit.success(), "exit {exit:?}:\n{}", daemon.log());
+    assert!(!daemon.dra.exists(), "the DRA socket was left behind");
+    let end = tokio::time::timeout(Duration::from_secs(1), async {
+        loop {
+            match health.message().await {
+                Ok(Some(_)) => {}
+                end => return end,
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the health stream did not end with the process");
+    assert_eq!(node.placements(), [(m[0], 14, 4, 1)], "the prepared claim keeps its instance");
+    assert_eq!(node.checkpoint().as_array().unwrap().len(), 1);
+}
+
+/// With a pod UID (rolling updates: old and new pod registered at once) both socket names carry
+/// it, and the endpoint the kubelet is given is the UID's DRA socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_uid_names_the_sockets() {
+    let node = Node::new();
+    let daemon = node.serve(&[], &[("POD_UID", "abc")]).await;
+    assert!(is_socket(&node.plugin_dir().join("dra-abc.sock")));
+    assert!(is_socket(&node.registry_dir().join(format!("{DRIVER}-abc-reg.sock"))));
+    assert!(!node.plugin_dir().join("dra.sock").exists());
+    assert!(!node.registry_dir().join(format!("{DRIVER}-reg.sock")).exists());
+    let kubelet = daemon.register().await;
+    assert_eq!(Path::new(&kubelet.info.endpoint), node.plugin_dir().join("dra-abc.sock"));
+    let r = kubelet.unprepare(Version::V1, &[claim(&uid(1))]).await.unwrap();
+    assert_eq!(r, BTreeMap::from([(uid(1), String::new())]));
+}
+
+/// A registration socket that cannot be created must stop the daemon with an error the pod's
+/// restart makes visible, not leave it running unregistered; and without `--state-dir`, the
+/// plugin directory (which then also holds the checkpoint) is still 0750.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_socket_that_cannot_be_made_stops_the_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new();
+    std::fs::create_dir_all(node.registry_dir()).unwrap();
+    std::fs::write(node.registry_dir().join(format!("{DRIVER}-reg.sock")), b"not a socket").unwrap();
+    let mut daemon = node.spawn(&[], &[]);
+    let status = daemon.wait_exit(Duration::from_secs(10)).await.expect("the daemon stops");
+    assert_eq!(status.code(), Some(1), "{}", daemon.log());
+    assert!(daemon.log().contains("not a socket"), "{}", daemon.log());
+
+    let plain = Node::new();
+    let d = plain.dir();
+    let mut cmd = migdra_cmd();
+    cmd.arg("serve")
+        .arg("--sim-state")
+        .arg(d.join("gpus.json"))
+        .arg("--cdi-dir")
+        .arg(d.join("cdi"))
+        .arg("--claims-dir")
+        .arg(d.join("claims"))
+        .args(["--node-name", NODE])
+        .arg("--plugin-dir")
+        .arg(plain.plugin_dir())
+        .arg("--registry-dir")
+        .arg(plain.registry_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut daemon = Daemon {
+        child: cmd.spawn().unwrap(),
+        registration: plain.registry_dir().join(format!("{DRIVER}-reg.sock")),
+        dra: plain.plugin_dir().join("dra.sock"),
+        log: d.join("none.log"),
+    };
+    daemon.wait_ready().await;
+    let mode = std::fs::metadata(plain.plugin_dir()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o750);
+    let lock = std::fs::read_dir(plain.plugin_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "lock"));
+    if let Some(lock) = lock {
+        assert_eq!(std::fs::metadata(lock).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+}
