@@ -84,7 +84,8 @@ struct Demo<'a> {
 
 pub fn run(args: &Args, out: &mut dyn Write) -> CliResult {
     let tmp = std::env::temp_dir().join(format!("migdra-demo-{}", std::process::id()));
-    std::fs::create_dir_all(tmp.join("claims")).map_err(|e| CliError::Failed(format!("demo: {}: {e}", tmp.display())))?;
+    std::fs::create_dir_all(tmp.join("claims"))
+        .map_err(|e| CliError::Failed(format!("demo: {}: {e}", tmp.display())))?;
     let started = Instant::now();
     let result = day(args, &tmp, out);
     if args.keep {
@@ -139,7 +140,8 @@ fn day(args: &Args, dir: &Path, out: &mut dyn Write) -> CliResult {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(e.to_string()))?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(e.to_string()))?;
     let kubelet = runtime.block_on(TestKubelet::register(&registration)).map_err(fail)?;
     writeln!(
         out,
@@ -201,7 +203,10 @@ impl Demo<'_> {
         let Some((uid, device)) = self.running.remove(who) else { return Ok(()) };
         self.header(&format!("{who} is done"))?;
         let claim = claim_ref(&uid, who);
-        let errors = self.runtime.block_on(self.kubelet.unprepare(Version::V1, &[claim])).map_err(|e| CliError::Failed(e.to_string()))?;
+        let errors = self
+            .runtime
+            .block_on(self.kubelet.unprepare(Version::V1, &[claim]))
+            .map_err(|e| CliError::Failed(e.to_string()))?;
         if let Some(e) = errors.values().find(|e| !e.is_empty()) {
             return Err(CliError::Failed(format!("demo: unprepare {who}: {e}")));
         }
@@ -229,7 +234,10 @@ impl Demo<'_> {
         write_claim(&self.dir.join("claims"), &uid, who, &device)?;
         writeln!(self.out, "   scheduler: first published device that fits: {device}")?;
         let claim = claim_ref(&uid, who);
-        let prepared = self.runtime.block_on(self.kubelet.prepare(Version::V1, &[claim])).map_err(|e| CliError::Failed(e.to_string()))?;
+        let prepared = self
+            .runtime
+            .block_on(self.kubelet.prepare(Version::V1, &[claim]))
+            .map_err(|e| CliError::Failed(e.to_string()))?;
         let devices = prepared.get(&uid).cloned().unwrap_or_else(|| Err("no response".into()));
         let devices = devices.map_err(|e| CliError::Failed(format!("demo: prepare for {who}: {e}")))?;
         self.report(&uid, &devices.iter().flat_map(|d| d.cdi_ids.clone()).collect::<Vec<_>>())?;
@@ -240,13 +248,22 @@ impl Demo<'_> {
 
     /// What the claim got: from the checkpoint, as the claim status will carry it.
     fn report(&mut self, uid: &str, cdi_ids: &[String]) -> CliResult {
-        let cp = CheckpointStore::new(&self.dir.join("plugins").join(DRIVER)).read().map_err(|e| CliError::Failed(e.to_string()))?;
+        let cp = CheckpointStore::new(&self.dir.join("plugins").join(DRIVER))
+            .read()
+            .map_err(|e| CliError::Failed(e.to_string()))?;
         let Some(rec) = cp.claims.get(uid) else { return Ok(()) };
         for d in &rec.devices {
             let model = self.sim.model(&d.gpu_uuid)?;
-            let data = status_data(d, SlurmGpu { index: d.gpu_index, shards: model.memory_slices, memory_slices: model.memory_slices });
+            let data = status_data(
+                d,
+                SlurmGpu { index: d.gpu_index, shards: model.memory_slices, memory_slices: model.memory_slices },
+            );
             let what = match (&data.mig_uuid, &data.profile) {
-                (Some(u), Some(p)) => format!("{p} {u} (GI {}, CI {})", data.gpu_instance_id.unwrap_or(0), data.compute_instance_id.unwrap_or(0)),
+                (Some(u), Some(p)) => format!(
+                    "{p} {u} (GI {}, CI {})",
+                    data.gpu_instance_id.unwrap_or(0),
+                    data.compute_instance_id.unwrap_or(0)
+                ),
                 _ => format!("whole GPU {}", data.parent_uuid),
             };
             writeln!(self.out, "   kubelet → NodePrepareResources: {what}")?;
@@ -365,5 +382,6 @@ fn write_claim(dir: &Path, uid: &str, who: &str, device: &str) -> CliResult {
             {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
         ]}}}
     });
-    std::fs::write(dir.join(format!("{uid}.json")), claim.to_string()).map_err(|e| CliError::Failed(format!("demo: {e}")))
+    std::fs::write(dir.join(format!("{uid}.json")), claim.to_string())
+        .map_err(|e| CliError::Failed(format!("demo: {e}")))
 }

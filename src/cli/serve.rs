@@ -81,7 +81,10 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         tracing::error!(moved_to = %moved.display(), %reason, rebuilt = report.rebuilt_claims.len(), "CHECKPOINT WAS CORRUPT: moved aside and rebuilt from CDI specs and the hardware");
     }
     if report.boot_changed {
-        tracing::warn!(claims = report.marked_for_recreate.len(), "node rebooted: claims will be re-created on the next prepare");
+        tracing::warn!(
+            claims = report.marked_for_recreate.len(),
+            "node rebooted: claims will be re-created on the next prepare"
+        );
     }
     for o in &report.orphans {
         tracing::warn!(gpu = %o.gpu, gi = o.gi_id, profile = o.profile_id, start = o.start, action = ?o.action, "MIG instance no claim explains");
@@ -133,4 +136,3 @@ async fn shutdown_signal() {
         std::process::exit(1);
     });
 }
-

@@ -1021,7 +1021,13 @@ impl GpuBackend for SimBackend {
             let mut gis: Vec<GpuInstance> = st.gpus[i]
                 .gpu_instances
                 .iter()
-                .map(|g| GpuInstance { id: g.id, profile_id: g.profile_id, start: g.start, size: g.size, healthy: g.healthy })
+                .map(|g| GpuInstance {
+                    id: g.id,
+                    profile_id: g.profile_id,
+                    start: g.start,
+                    size: g.size,
+                    healthy: g.healthy,
+                })
                 .collect();
             gis.sort_by_key(|g| g.id);
             Ok(gis)

@@ -67,10 +67,13 @@ impl TestKubelet {
         let info = reg.get_info(InfoRequest {}).await.map_err(|e| format!("GetInfo: {e}"))?.into_inner();
         if info.r#type != "DRAPlugin" || !info.supported_versions.iter().any(|v| v == super::DRA_V1) {
             let error = format!("unsupported plugin {info:?}");
-            let _ = reg.notify_registration_status(RegistrationStatus { plugin_registered: false, error: error.clone() }).await;
+            let _ = reg
+                .notify_registration_status(RegistrationStatus { plugin_registered: false, error: error.clone() })
+                .await;
             return Err(error);
         }
-        let dra = connect(&PathBuf::from(&info.endpoint)).await.map_err(|e| format!("connect {}: {e}", info.endpoint))?;
+        let dra =
+            connect(&PathBuf::from(&info.endpoint)).await.map_err(|e| format!("connect {}: {e}", info.endpoint))?;
         reg.notify_registration_status(RegistrationStatus { plugin_registered: true, error: String::new() })
             .await
             .map_err(|e| format!("NotifyRegistrationStatus: {e}"))?;
@@ -160,6 +163,9 @@ impl TestKubelet {
     /// # Errors
     /// The plugin does not serve health.
     pub async fn watch_health(&self) -> Result<tonic::Streaming<NodeWatchResourcesResponse>, tonic::Status> {
-        Ok(DraResourceHealthClient::new(self.dra.clone()).node_watch_resources(NodeWatchResourcesRequest {}).await?.into_inner())
+        Ok(DraResourceHealthClient::new(self.dra.clone())
+            .node_watch_resources(NodeWatchResourcesRequest {})
+            .await?
+            .into_inner())
     }
 }

@@ -166,9 +166,8 @@ fn prepare_one(engine: &Engine, source: &dyn ClaimSource, claim: &ClaimRef) -> R
     if claim.name.is_empty() || claim.namespace.is_empty() {
         return Err(format!("claim {} has an empty name or namespace", claim.uid));
     }
-    let found = source
-        .get(claim)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("claim {}/{} ({}) is not known to the claim source", claim.namespace, claim.name, claim.uid))?;
+    let found = source.get(claim).map_err(|e| e.to_string())?.ok_or_else(|| {
+        format!("claim {}/{} ({}) is not known to the claim source", claim.namespace, claim.name, claim.uid)
+    })?;
     engine.prepare(claim, &found.results).map_err(|e| e.to_string())
 }

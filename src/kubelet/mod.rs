@@ -187,8 +187,8 @@ async fn registration_loop(
 ) -> Result<(), KubeletError> {
     let path = config.paths.registration.clone();
     loop {
-        let listener = sockets::bind(&path)
-            .map_err(|source| KubeletError::Socket { path: path.display().to_string(), source })?;
+        let listener =
+            sockets::bind(&path).map_err(|source| KubeletError::Socket { path: path.display().to_string(), source })?;
         let ino = sockets::inode(&path);
         tracing::info!(socket = %path.display(), "registration socket ready");
         let service = registration::RegistrationService {

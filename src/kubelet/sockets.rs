@@ -24,10 +24,9 @@ impl SocketPaths {
                 dra: plugin_dir.join(format!("dra-{uid}.sock")),
                 registration: registry_dir.join(format!("{driver}-{uid}-reg.sock")),
             },
-            None => Self {
-                dra: plugin_dir.join("dra.sock"),
-                registration: registry_dir.join(format!("{driver}-reg.sock")),
-            },
+            None => {
+                Self { dra: plugin_dir.join("dra.sock"), registration: registry_dir.join(format!("{driver}-reg.sock")) }
+            }
         }
     }
 }
