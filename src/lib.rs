@@ -7,12 +7,15 @@
 //! - [`cdi`]: CDI spec files, one per claim, exposing only the prepared devices.
 //! - [`claims`]: where prepare finds a claim's allocation ([`claims::ClaimSource`]; a directory of
 //!   ResourceClaim files for now).
+//! - [`kube`]: the Kubernetes side; for now the ResourceSlices of this node's pool
+//!   ([`kube::slices`]: both layouts, the API's limits and name rules).
 //! - [`cli`]: the `migdra` subcommands.
 
 pub mod cdi;
 pub mod claims;
 pub mod cli;
 pub mod gpu;
+pub mod kube;
 pub mod kubelet;
 pub mod mig;
 pub mod prepare;

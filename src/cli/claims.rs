@@ -73,12 +73,12 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
                 .ok_or_else(|| CliError::Usage(format!("no claim with UID {uid} in {}", dir.display())))?;
             let prepared = engine.prepare(&claim.claim, &claim.results).map_err(|e| CliError::Failed(e.to_string()))?;
             match global.output {
-                Format::Json => {
+                Format::Json | Format::Yaml => {
                     let view: Vec<_> = prepared
                         .iter()
                         .map(|p| serde_json::json!({"device": p.device, "requests": p.requests, "cdiIDs": p.cdi_ids, "data": p.status}))
                         .collect();
-                    output::json(out, &view)?;
+                    output::data(out, global.output, &view)?;
                 }
                 Format::Table => {
                     for p in &prepared {
@@ -97,7 +97,7 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
         ClaimsCommand::Recover => {
             let report = backend::engine(global)?.recover().map_err(|e| CliError::Failed(e.to_string()))?;
             match global.output {
-                Format::Json => output::json(out, &report)?,
+                Format::Json | Format::Yaml => output::data(out, global.output, &report)?,
                 Format::Table => {
                     writeln!(out, "checkpoint: {}", report.checkpoint)?;
                     if let Some((moved, reason)) = &report.corrupt {
@@ -123,7 +123,7 @@ fn list(global: &Global, out: &mut dyn Write) -> CliResult {
     let cp = store.read().map_err(|e| CliError::Failed(e.to_string()))?;
     let views: Vec<ClaimView> = cp.claims.values().map(view).collect();
     match global.output {
-        Format::Json => output::json(out, &views)?,
+        Format::Json | Format::Yaml => output::data(out, global.output, &views)?,
         Format::Table => {
             let rows: Vec<Vec<String>> = views
                 .iter()

@@ -41,7 +41,7 @@ pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
     let backend = backend::open(global)?;
     let layout = read(backend.as_ref())?;
     match global.output {
-        Format::Json => output::json(out, &layout)?,
+        Format::Json | Format::Yaml => output::data(out, global.output, &layout)?,
         Format::Table => picture(&layout, out)?,
     }
     Ok(())

@@ -11,6 +11,7 @@ mod output;
 mod profiles;
 mod serve;
 mod sim;
+mod slices;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -76,6 +77,26 @@ pub struct NodeFlags {
     /// MIG instances on dynamic GPUs that no claim explains, found at start
     #[arg(long, global = true, env = "MIGDRA_ORPHANS", value_enum, default_value_t)]
     pub orphans: crate::prepare::OrphanPolicy,
+    /// ResourceSlice layout: combined (counters beside devices, up to 1.34), split (counter-only
+    /// and device-only slices, 1.35+), or auto (from the API server's version; `slices`, which asks
+    /// no server, takes split)
+    #[arg(long, global = true, env = "MIGDRA_SLICE_LAYOUT", value_enum, default_value_t)]
+    pub slice_layout: SliceLayoutFlag,
+    /// kubeconfig for the API server [default: in-cluster, then ~/.kube/config]
+    #[arg(long, global = true, env = "KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+}
+
+/// `--slice-layout` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SliceLayoutFlag {
+    /// From the API server's version: combined before 1.35, split from 1.35
+    #[default]
+    Auto,
+    /// Counter sets and their devices in the same slice (Kubernetes 1.34 and older)
+    Combined,
+    /// Counter sets and devices in separate slices of one pool (Kubernetes 1.35 and newer)
+    Split,
 }
 
 /// `--mig-mode` values.
@@ -93,6 +114,8 @@ pub enum Command {
     Profiles(profiles::Args),
     /// Each GPU's memory slices and the MIG instance holding each
     Layout,
+    /// The ResourceSlices serve would publish for this node, as a dry run (validated)
+    Slices(slices::Args),
     /// Drive the simulated GPUs by hand
     #[command(subcommand)]
     Sim(sim::SimCommand),
@@ -137,6 +160,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
     match cli.command {
         Command::Profiles(args) => profiles::run(&args, &cli.global, out),
         Command::Layout => layout::run(&cli.global, out),
+        Command::Slices(args) => slices::run(&args, &cli.global, out),
         Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),
         Command::Claims(args) => claims::run(&args, &cli.global, out),
         Command::Serve(args) => serve::run(&args, &cli.global),

@@ -11,12 +11,27 @@ pub enum Format {
     Table,
     /// JSON for scripts
     Json,
+    /// YAML, the same content as JSON
+    Yaml,
 }
 
 /// Write `value` as pretty JSON.
 pub fn json(out: &mut dyn Write, value: &impl Serialize) -> std::io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, value)?;
     writeln!(out)
+}
+
+/// Write `value` as YAML.
+pub fn yaml(out: &mut dyn Write, value: &impl Serialize) -> std::io::Result<()> {
+    serde_norway::to_writer(&mut *out, value).map_err(std::io::Error::other)
+}
+
+/// Write `value` as YAML when `format` says so, JSON otherwise (for the arm that serves both).
+pub fn data(out: &mut dyn Write, format: Format, value: &impl Serialize) -> std::io::Result<()> {
+    match format {
+        Format::Yaml => yaml(out, value),
+        Format::Json | Format::Table => json(out, value),
+    }
 }
 
 /// Print an error as one line on stderr.

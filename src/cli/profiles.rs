@@ -43,9 +43,10 @@ struct Placement {
 pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
     let models = selected(args, global)?;
     match global.output {
-        Format::Json => {
+        Format::Json | Format::Yaml => {
             let views: Vec<ModelView> = models.iter().map(|m| view(m)).collect();
-            if args.model.is_some() { output::json(out, &views[0])? } else { output::json(out, &views)? }
+            let f = global.output;
+            if args.model.is_some() { output::data(out, f, &views[0])? } else { output::data(out, f, &views)? }
         }
         Format::Table => {
             for (i, m) in models.iter().enumerate() {

@@ -4,6 +4,9 @@
 
 use super::{CliError, CliResult, Global, backend};
 use crate::claims::{ClaimSource, DirSource};
+use crate::kube::claims::KubeClaimSource;
+use crate::kube::publisher::Publisher;
+use crate::kube::status::{StatusReporter, StatusWriter};
 use crate::kubelet::{self, Driver, PluginConfig, PluginState, SocketPaths};
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,14 +67,6 @@ fn init_logging(format: LogFormat) {
 
 pub fn run(args: &Args, global: &Global) -> CliResult {
     init_logging(args.log_format);
-    let claims: Arc<dyn ClaimSource> = match &global.node.claims_dir {
-        Some(dir) => Arc::new(DirSource::new(dir)),
-        None => {
-            return Err(CliError::Usage(
-                "serve needs --claims-dir DIR in this build (the API-server claim source is not built yet)".into(),
-            ));
-        }
-    };
     let engine = Arc::new(backend::engine(global)?);
     for g in engine.gpus() {
         tracing::info!(index = g.info.index, minor = g.info.minor, uuid = %g.info.uuid, model = %g.model.key, mode = g.mode.as_str(), "GPU");
@@ -102,18 +97,72 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         grace: args.grace,
         socket_check: args.socket_check,
     };
-    let state = Arc::new(PluginState::default());
-    let driver = Arc::new(Driver::new(engine, claims, state.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("failed to start the runtime: {e}")))?;
-    runtime
-        .block_on(kubelet::serve(config, driver, state, shutdown_signal()))
-        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let layout = match global.node.slice_layout {
+        super::SliceLayoutFlag::Auto => None,
+        super::SliceLayoutFlag::Combined => Some(crate::kube::slices::Layout::Combined),
+        super::SliceLayoutFlag::Split => Some(crate::kube::slices::Layout::Split),
+    };
+    runtime.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let state = Arc::new(PluginState::default());
+        let mut publisher = None;
+        let driver = match &global.node.claims_dir {
+            Some(dir) => {
+                tracing::info!(dir = %dir.display(), "claims from files; no API server");
+                let claims: Arc<dyn ClaimSource> = Arc::new(DirSource::new(dir));
+                Driver::new(engine.clone(), claims, state.clone())
+            }
+            None => {
+                let client = kube_client(global.node.kubeconfig.as_deref()).await?;
+                let handle = tokio::runtime::Handle::current();
+                let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaimSource::new(client.clone(), handle.clone()));
+                let writer = StatusWriter::new(client.clone(), &global.node.driver_name, &engine.options().pool);
+                let reporter = Arc::new(StatusReporter::new(writer, handle));
+                let p = Publisher::new(client, engine.clone(), layout);
+                let mut rx = stop_rx.clone();
+                publisher = Some(tokio::spawn(p.run(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })));
+                Driver::new(engine.clone(), claims, state.clone()).with_reporter(reporter)
+            }
+        };
+        let driver = Arc::new(driver);
+        let shutdown = async move {
+            shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        };
+        let served = kubelet::serve(config, driver, state, shutdown).await;
+        if let Some(p) = publisher {
+            let _ = p.await;
+        }
+        served.map_err(|e| CliError::Failed(e.to_string()))
+    })?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A client for `--kubeconfig`, or in-cluster, then `~/.kube/config`.
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, CliError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            CliError::Usage(format!(
+                "no API server: {e}; run in a pod, pass --kubeconfig FILE, or --claims-dir DIR to run without Kubernetes"
+            ))
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| CliError::Failed(format!("failed to build the Kubernetes client: {e}")))
 }
 
 /// The first SIGTERM or SIGINT starts a graceful shutdown; a second one exits at once.

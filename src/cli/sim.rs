@@ -138,7 +138,7 @@ pub fn run(cmd: &SimCommand, global: &Global, out: &mut dyn Write) -> CliResult 
 
 fn done(out: &mut dyn Write, format: Format, message: &str) -> CliResult {
     match format {
-        Format::Json => output::json(out, &serde_json::json!({ "result": message }))?,
+        Format::Json | Format::Yaml => output::data(out, format, &serde_json::json!({ "result": message }))?,
         Format::Table => writeln!(out, "{message}")?,
     }
     Ok(())
@@ -199,7 +199,7 @@ fn create(
         uuid: ci.as_ref().map(|c| c.uuid.clone()),
     };
     match format {
-        Format::Json => output::json(out, &created)?,
+        Format::Json | Format::Yaml => output::data(out, format, &created)?,
         Format::Table => {
             writeln!(
                 out,

@@ -5,7 +5,7 @@
 
 use super::PluginState;
 use crate::claims::{ClaimRef, ClaimSource};
-use crate::prepare::{Engine, PreparedDevice};
+use crate::prepare::{Engine, PreparedDevice, Reporter};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,6 +28,7 @@ pub struct Driver {
     slots: Arc<Semaphore>,
     /// Claims being prepared or unprepared right now, including those whose client hung up.
     inflight: Arc<AtomicUsize>,
+    reporter: Option<Arc<dyn Reporter>>,
 }
 
 /// Counts one claim in flight until dropped.
@@ -48,7 +49,20 @@ impl Drop for InFlight {
 
 impl Driver {
     pub fn new(engine: Arc<Engine>, claims: Arc<dyn ClaimSource>, state: Arc<PluginState>) -> Self {
-        Self { engine, claims, state, slots: Arc::new(Semaphore::new(PARALLEL_CLAIMS)), inflight: Arc::default() }
+        Self {
+            engine,
+            claims,
+            state,
+            slots: Arc::new(Semaphore::new(PARALLEL_CLAIMS)),
+            inflight: Arc::default(),
+            reporter: None,
+        }
+    }
+
+    /// Report every claim's outcome (the claim status writer).
+    pub fn with_reporter(mut self, reporter: Arc<dyn Reporter>) -> Self {
+        self.reporter = Some(reporter);
+        self
     }
 
     /// Claims being worked on now; shutdown waits for this to reach 0.
@@ -79,12 +93,18 @@ impl Driver {
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Result<ClaimResults<Vec<PreparedDevice>>, Status> {
         self.check(claims.len())?;
         let (engine, source) = (self.engine.clone(), self.claims.clone());
-        let state = self.state.clone();
+        let (state, reporter) = (self.state.clone(), self.reporter.clone());
         Ok(self
             .each(claims, move |claim| {
                 let started = std::time::Instant::now();
                 let r = prepare_one(&engine, source.as_ref(), &claim);
                 state.record_call("prepare", started.elapsed(), r.is_ok());
+                if let Some(reporter) = reporter.as_ref().filter(|_| !claim.uid.is_empty() && !claim.name.is_empty()) {
+                    match &r {
+                        Ok(devices) => reporter.prepared(&claim, devices),
+                        Err(e) => reporter.failed(&claim, e),
+                    }
+                }
                 match &r {
                     Ok(d) => tracing::info!(claim = %claim.uid, devices = d.len(), "prepared"),
                     Err(e) => tracing::warn!(claim = %claim.uid, error = %e, "prepare failed"),
@@ -101,7 +121,7 @@ impl Driver {
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> Result<ClaimResults<()>, Status> {
         self.check(claims.len())?;
         let engine = self.engine.clone();
-        let state = self.state.clone();
+        let (state, reporter) = (self.state.clone(), self.reporter.clone());
         Ok(self
             .each(claims, move |claim| {
                 let started = std::time::Instant::now();
@@ -111,6 +131,11 @@ impl Driver {
                     engine.unprepare(&claim.uid).map_err(|e| e.to_string())
                 };
                 state.record_call("unprepare", started.elapsed(), r.is_ok());
+                if let (Ok(()), Some(reporter)) = (&r, reporter.as_ref())
+                    && !claim.name.is_empty()
+                {
+                    reporter.unprepared(&claim);
+                }
                 match &r {
                     Ok(()) => tracing::info!(claim = %claim.uid, "unprepared"),
                     Err(e) => tracing::warn!(claim = %claim.uid, error = %e, "unprepare failed"),

@@ -91,6 +91,14 @@ impl Step {
 /// Called at every [`Step`].
 pub type Hook = Arc<dyn Fn(Step) + Send + Sync>;
 
+/// Told the outcome of every claim, e.g. to write the claim's status for slurm-bridge. Called on
+/// the claim's blocking thread after the engine is done; it must not fail the call.
+pub trait Reporter: Send + Sync {
+    fn prepared(&self, claim: &ClaimRef, devices: &[PreparedDevice]);
+    fn failed(&self, claim: &ClaimRef, error: &str);
+    fn unprepared(&self, claim: &ClaimRef);
+}
+
 /// Per-claim failure. Messages name the claim, the device and the NVML error.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {

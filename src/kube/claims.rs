@@ -1,0 +1,108 @@
+//! Where prepare finds a claim's allocation when running in a cluster: the ResourceClaim itself,
+//! read from the API server.
+//!
+//! The kubelet's request names the claim (namespace, name, UID). We GET it, check that the UID is
+//! the one the kubelet means (a claim deleted and re-created under the same name is another
+//! claim), that the scheduler allocated it, and hand every result to the engine, which keeps
+//! ours and refuses other pools. Transient API errors are retried with backoff inside the
+//! kubelet's 45 s call budget.
+
+use crate::claims::{AllocationResult, Claim, ClaimError, ClaimRef, ClaimSource};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{Api, Client};
+use std::time::Duration;
+use tokio::runtime::Handle;
+
+/// The kubelet gives a call 45 s (facts §2); leave room for NVML and the answer.
+pub const LOOKUP_BUDGET: Duration = Duration::from_secs(30);
+
+/// Claims read from the API server.
+#[derive(Clone)]
+pub struct KubeClaimSource {
+    client: Client,
+    runtime: Handle,
+    budget: Duration,
+}
+
+impl KubeClaimSource {
+    /// `runtime` runs the API calls; [`ClaimSource::get`] is called from blocking threads.
+    pub fn new(client: Client, runtime: Handle) -> Self {
+        Self { client, runtime, budget: LOOKUP_BUDGET }
+    }
+
+    /// A shorter retry budget (tests).
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    async fn fetch(&self, claim: &ClaimRef) -> Result<Option<ResourceClaim>, kube::Error> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let deadline = tokio::time::Instant::now() + self.budget;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match api.get_opt(&claim.name).await {
+                Ok(found) => return Ok(found),
+                Err(e) if transient(&e) && tokio::time::Instant::now() + wait < deadline => {
+                    tracing::warn!(claim = %claim.uid, error = %e, retry_in = ?wait, "claim lookup failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Errors worth retrying: the server or the network, not a refusal.
+pub fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 409,
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
+        _ => false,
+    }
+}
+
+impl ClaimSource for KubeClaimSource {
+    fn get(&self, claim: &ClaimRef) -> crate::claims::Result<Option<Claim>> {
+        let found = self.runtime.block_on(self.fetch(claim)).map_err(|e| ClaimError::Io {
+            path: format!("resourceclaims/{}/{}", claim.namespace, claim.name).into(),
+            op: "read from the API server",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let Some(found) = found else { return Ok(None) };
+        let uid = found.metadata.uid.clone().unwrap_or_default();
+        if uid != claim.uid {
+            return Err(ClaimError::Mismatch {
+                uid: claim.uid.clone(),
+                expected: format!("{}/{}", claim.namespace, claim.name),
+                found: format!("{}/{} with UID {uid} (the claim was re-created)", claim.namespace, claim.name),
+                file: "API server".into(),
+            });
+        }
+        let allocation = found.status.as_ref().and_then(|s| s.allocation.as_ref());
+        let Some(allocation) = allocation else {
+            return Err(ClaimError::NotAllocated {
+                claim: format!("{}/{} ({})", claim.namespace, claim.name, claim.uid),
+                file: "API server".into(),
+            });
+        };
+        let results = allocation
+            .devices
+            .as_ref()
+            .and_then(|d| d.results.as_ref())
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| AllocationResult {
+                        request: r.request.clone(),
+                        driver: r.driver.clone(),
+                        pool: r.pool.clone(),
+                        device: r.device.clone(),
+                        admin_access: r.admin_access,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Some(Claim { claim: claim.clone(), results }))
+    }
+}

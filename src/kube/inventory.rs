@@ -1,0 +1,65 @@
+//! The node's GPUs as the slice builder takes them: every GPU the engine drives, its devices
+//! (with the UUIDs of the instances that exist now) and its counter set. `migdra slices` and the
+//! publisher both start here, so the dry run prints exactly what would be published.
+
+use super::slices::GpuSlices;
+use crate::gpu::{GpuBackend, GpuError};
+use crate::mig::counters;
+use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, gpu_devices};
+use crate::prepare::{Engine, GpuEntry};
+
+/// What the device model needs to know about an engine's GPU.
+pub fn identity(gpu: &GpuEntry) -> GpuIdentity {
+    let i = &gpu.info;
+    GpuIdentity {
+        index: i.index,
+        minor: i.minor,
+        uuid: i.uuid.clone(),
+        pci_bus_id: i.pci_bus_id.clone(),
+        product_name: i.product_name.clone(),
+        memory_mib: i.memory_mib,
+        driver_version: i.driver_version.clone(),
+        cuda_compute_capability: i.cuda_compute_capability,
+        slurm_index: gpu.slurm.index,
+        shards_per_gpu: gpu.slurm.shards,
+    }
+}
+
+/// The MIG instances on a GPU that have a compute instance, so a MIG UUID; a GPU instance without
+/// one cannot be handed to a workload as it is, so it is not an existing device.
+///
+/// # Errors
+/// NVML fails to list instances.
+pub fn existing_instances(backend: &dyn GpuBackend, gpu: &GpuEntry) -> Result<Vec<ExistingInstance>, GpuError> {
+    if !gpu.info.mig_enabled {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    let mut gis = backend.gpu_instances(&gpu.info.uuid)?;
+    gis.sort_by_key(|g| g.start);
+    for gi in gis {
+        if let Some(ci) = backend.compute_instances(&gpu.info.uuid, gi.id)?.into_iter().next() {
+            out.push(ExistingInstance { profile_id: gi.profile_id, start: gi.start, uuid: ci.uuid });
+        }
+    }
+    Ok(out)
+}
+
+/// One GPU's slice input: dynamic MIG GPUs carry their counter set and devices that consume it;
+/// static MIG and MIG-off GPUs have devices only.
+pub fn gpu_slices(gpu: &GpuEntry, existing: &[ExistingInstance], whole_gpu: bool) -> GpuSlices {
+    let minor = gpu.info.minor;
+    let counter_set =
+        (gpu.mode == GpuMode::Dynamic).then(|| (counters::counter_set_name(minor), counters::capacity(&gpu.model)));
+    GpuSlices { minor, counter_set, devices: gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing) }
+}
+
+/// Every GPU of the engine, in NVML index order. `whole_gpu`: also offer MIG-enabled GPUs whole
+/// (only where the operator lets migdra change the MIG mode; Hopper and newer).
+///
+/// # Errors
+/// NVML fails to list a GPU's instances.
+pub fn node_gpus(engine: &Engine, whole_gpu: bool) -> Result<Vec<GpuSlices>, GpuError> {
+    let backend = engine.backend();
+    engine.gpus().iter().map(|g| Ok(gpu_slices(g, &existing_instances(backend.as_ref(), g)?, whole_gpu))).collect()
+}

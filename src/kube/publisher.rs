@@ -1,0 +1,256 @@
+//! Publishes this node's ResourceSlices and keeps them as published.
+//!
+//! - The layout follows the API server's version (`/version`): counters beside devices before
+//!   1.35, in their own slices from 1.35; `--slice-layout` forces either.
+//! - When only one slice changes it is updated in place under the same pool generation, so the
+//!   pool is never incomplete (from 1.35 an incomplete pool is skipped); otherwise the generation
+//!   is bumped and every slice rewritten, extras deleted last.
+//! - Dynamic GPUs always publish every partition with the same counter consumption, so an
+//!   allocated device is never dropped or changed (kubernetes#140802).
+//! - Our slices are watched: the kubelet deletes a node's slices when it starts, and people edit
+//!   them; any drift is repaired by publishing again. A full check also runs every resync period.
+
+use super::inventory;
+use super::slices::{self, Layout};
+use crate::prepare::Engine;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Api, Client};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("failed to {op}: {source}")]
+    Api { op: &'static str, source: kube::Error },
+    #[error("failed to read the GPUs: {0}")]
+    Gpu(#[from] crate::gpu::GpuError),
+    #[error("failed to build the slices: {0}")]
+    Build(#[from] slices::SliceError),
+}
+
+/// What one publish did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Published {
+    pub layout: Option<Layout>,
+    pub generation: i64,
+    pub created: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    pub unchanged: usize,
+}
+
+pub struct Publisher {
+    client: Client,
+    engine: Arc<Engine>,
+    driver: String,
+    node: String,
+    /// `None`: from the API server's version.
+    choice: Option<Layout>,
+    resync: Duration,
+}
+
+impl Publisher {
+    pub fn new(client: Client, engine: Arc<Engine>, choice: Option<Layout>) -> Self {
+        let opts = engine.options();
+        Self {
+            driver: opts.driver.clone(),
+            node: opts.pool.clone(),
+            client,
+            engine,
+            choice,
+            resync: Duration::from_secs(30),
+        }
+    }
+
+    /// How often everything is compared even without a watch event.
+    pub fn with_resync(mut self, resync: Duration) -> Self {
+        self.resync = resync;
+        self
+    }
+
+    fn api(&self) -> Api<ResourceSlice> {
+        Api::all(self.client.clone())
+    }
+
+    fn selector(&self) -> (String, String) {
+        (
+            format!("{}={}", slices::node_label(&self.driver), slices::node_label_value(&self.node)),
+            format!("spec.driver={}", self.driver),
+        )
+    }
+
+    async fn layout(&self) -> Result<Layout, PublishError> {
+        if let Some(layout) = self.choice {
+            return Ok(layout);
+        }
+        let v = self
+            .client
+            .apiserver_version()
+            .await
+            .map_err(|source| PublishError::Api { op: "read /version", source })?;
+        let num = |s: &str| s.trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>().unwrap_or(0);
+        Ok(slices::layout_for(num(&v.major), num(&v.minor)))
+    }
+
+    /// Make the published slices equal what the node has now.
+    ///
+    /// # Errors
+    /// The API server refuses or cannot be reached; the caller retries.
+    pub async fn publish(&self) -> Result<Published, PublishError> {
+        let layout = self.layout().await?;
+        let node_uid = Api::<Node>::all(self.client.clone())
+            .get_opt(&self.node)
+            .await
+            .map_err(|source| PublishError::Api { op: "read the Node", source })?
+            .and_then(|n| n.metadata.uid);
+        let engine = self.engine.clone();
+        let gpus = tokio::task::spawn_blocking(move || inventory::node_gpus(&engine, false))
+            .await
+            .map_err(|e| crate::gpu::GpuError::Invalid(e.to_string()))??;
+        let (labels, fields) = self.selector();
+        let existing = self
+            .api()
+            .list(&ListParams::default().labels(&labels).fields(&fields))
+            .await
+            .map_err(|source| PublishError::Api { op: "list our ResourceSlices", source })?
+            .items;
+        let current_gen = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+        let same_gen = slices::build(&self.driver, &self.node, node_uid.as_deref(), current_gen.max(1), layout, &gpus)?;
+        let changed: Vec<&ResourceSlice> = same_gen
+            .iter()
+            .filter(|want| !existing.iter().any(|have| have.metadata.name == want.metadata.name && same(have, want)))
+            .collect();
+        let extra =
+            existing.iter().filter(|have| !same_gen.iter().any(|w| w.metadata.name == have.metadata.name)).count();
+        let all_present = same_gen.iter().all(|w| existing.iter().any(|h| h.metadata.name == w.metadata.name));
+        let mut report = Published { layout: Some(layout), generation: current_gen.max(1), ..Default::default() };
+        if changed.is_empty() && extra == 0 && current_gen > 0 {
+            report.unchanged = same_gen.len();
+            return Ok(report);
+        }
+        // One slice to touch, all others in place: update it without a new generation.
+        let desired = if changed.len() == 1 && extra == 0 && all_present && current_gen > 0 {
+            same_gen
+        } else {
+            report.generation = current_gen + 1;
+            slices::build(&self.driver, &self.node, node_uid.as_deref(), current_gen + 1, layout, &gpus)?
+        };
+        let api = self.api();
+        for want in &desired {
+            let name = want.metadata.name.clone().unwrap_or_default();
+            match existing.iter().find(|h| h.metadata.name.as_deref() == Some(name.as_str())) {
+                Some(have) if same(have, want) => report.unchanged += 1,
+                Some(have) => {
+                    let mut next = want.clone();
+                    next.metadata.resource_version = have.metadata.resource_version.clone();
+                    let written = api
+                        .replace(&name, &PostParams::default(), &next)
+                        .await
+                        .map_err(|source| PublishError::Api { op: "update a ResourceSlice", source })?;
+                    warn_if_dropped(want, &written);
+                    report.updated += 1;
+                }
+                None => {
+                    let written = api
+                        .create(&PostParams::default(), want)
+                        .await
+                        .map_err(|source| PublishError::Api { op: "create a ResourceSlice", source })?;
+                    warn_if_dropped(want, &written);
+                    report.created += 1;
+                }
+            }
+        }
+        for have in existing.iter().filter(|h| !desired.iter().any(|w| w.metadata.name == h.metadata.name)) {
+            let name = have.metadata.name.clone().unwrap_or_default();
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => report.deleted += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => return Err(PublishError::Api { op: "delete a stale ResourceSlice", source }),
+            }
+        }
+        Ok(report)
+    }
+
+    /// Publish, then keep the slices as published until `shutdown`: repair on any watch event
+    /// that is not our own write, and at every resync; retry failures with backoff.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match self.publish().await {
+                Ok(p) => {
+                    if p.created + p.updated + p.deleted > 0 {
+                        tracing::info!(layout = ?p.layout, generation = p.generation, created = p.created, updated = p.updated, deleted = p.deleted, "published ResourceSlices");
+                    }
+                    wait = Duration::from_millis(200);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?wait, "publishing ResourceSlices failed");
+                    tokio::select! {
+                        () = &mut shutdown => return,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = self.watch_for_drift() => {}
+            }
+        }
+    }
+
+    /// Returns when our slices may have drifted: a deletion or a change by someone else, a
+    /// broken watch, or the resync period.
+    async fn watch_for_drift(&self) {
+        let (labels, fields) = self.selector();
+        let params =
+            WatchParams::default().labels(&labels).fields(&fields).timeout(self.resync.as_secs().clamp(1, 290) as u32);
+        let deadline = tokio::time::sleep(self.resync);
+        tokio::pin!(deadline);
+        let Ok(stream) = self.api().watch(&params, "0").await else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return;
+        };
+        let mut stream = stream.boxed();
+        let mut seen_initial = false;
+        loop {
+            tokio::select! {
+                () = &mut deadline => return,
+                event = stream.next() => match event {
+                    // From "0" the server replays what exists as ADDED first; only later events are drift.
+                    Some(Ok(WatchEvent::Added(_))) if !seen_initial => {}
+                    Some(Ok(WatchEvent::Bookmark(_))) => seen_initial = true,
+                    Some(Ok(WatchEvent::Deleted(_) | WatchEvent::Modified(_) | WatchEvent::Added(_))) => return,
+                    Some(Ok(WatchEvent::Error(_)) | Err(_)) | None => return,
+                },
+                () = tokio::time::sleep(Duration::from_millis(500)), if !seen_initial => seen_initial = true,
+            }
+        }
+    }
+}
+
+/// Whether a published slice already says what we want (labels, owners and spec).
+fn same(have: &ResourceSlice, want: &ResourceSlice) -> bool {
+    have.spec == want.spec
+        && have.metadata.labels == want.metadata.labels
+        && have.metadata.owner_references == want.metadata.owner_references
+}
+
+/// With the DRAPartitionableDevices gate off the API server silently drops counter fields.
+fn warn_if_dropped(want: &ResourceSlice, written: &ResourceSlice) {
+    let counters = |s: &ResourceSlice| {
+        s.spec.shared_counters.as_ref().map_or(0, Vec::len)
+            + s.spec.devices.as_ref().map_or(0, |d| d.iter().filter(|d| d.consumes_counters.is_some()).count())
+    };
+    if counters(written) < counters(want) {
+        tracing::error!(
+            slice = want.metadata.name.as_deref().unwrap_or(""),
+            "the API server dropped sharedCounters/consumesCounters: is the DRAPartitionableDevices feature gate on?"
+        );
+    }
+}

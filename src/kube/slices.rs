@@ -1,0 +1,1058 @@
+//! The ResourceSlices of one node's pool, built from the pure device model, and the API server's
+//! rules for them. Pure: no client, no I/O.
+//!
+//! # Layouts
+//! - [`Layout::Combined`] (API servers up to 1.34): a slice holds counter sets *and* the devices
+//!   that consume them; a device may consume only sets of its own slice. Limits per slice: 128
+//!   devices, 32 counters across all sets, 1024 counters consumed summed over its devices.
+//! - [`Layout::Split`] (1.35 and later): counter sets live in counter-only slices (at most 8 sets,
+//!   32 counters each), devices in device-only slices (at most 64 devices when any consumes
+//!   counters, 128 otherwise), all in the same pool and generation. 1.34-style slices are invalid
+//!   on 1.35 and the other way round, so the layout follows the server's version.
+//!
+//! Everywhere: at most 32 attributes + capacities per device, at most 2 counter sets consumed per
+//! device (1.35+), at most 32 counters per consumption.
+//!
+//! # Packing
+//! Whole GPUs are packed greedily, in GPU order: a GPU's devices are never spread over two slices
+//! (a GPU that alone exceeds a limit is an error naming it). Devices that consume counters and
+//! those that do not (MIG off, static MIG) go into separate slices, so the 64-device cap of
+//! counter-consuming slices does not apply to the latter.
+//!
+//! # Names
+//! `<node>-<driver, dots as dashes>-<index as 5 lower-case hex digits>`, e.g.
+//! `node-a-mig-slinky-slurm-net-00000`. From 1.36 the scheduler tries a pool's device slices in
+//! the lexicographic order of their names (docs `dra-allocator-order.md`). Every slice of a pool
+//! shares the prefix, so the fixed-width index alone decides that order: device slices come first,
+//! in GPU order, and counter-only slices (which the allocator does not iterate) after them. The Go
+//! helper's `<index>-<driver>-<owner>-` generateName puts the index first; with a single pool per
+//! name prefix both sort the same, and ours keeps a node's slices together in `kubectl get`.
+//! Names are deterministic, so a republish of the same layout updates slices in place. A prefix
+//! that would push the name past 253 characters is cut and made unique again with a hash.
+
+use crate::mig::counters::{self, Counters};
+use crate::mig::devices::{self, AttributeValue, Device};
+use crate::mig::naming::is_dns_label;
+use k8s_openapi::api::resource::v1 as api;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Devices per slice (`ResourceSliceMaxDevices`).
+pub const MAX_DEVICES: usize = 128;
+/// Devices per slice when any device consumes counters or has taints, 1.35+
+/// (`ResourceSliceMaxDevicesWithTaintsOrConsumesCounters`).
+pub const MAX_DEVICES_WITH_COUNTERS: usize = 64;
+/// Counter sets per counter slice, 1.35+ (`ResourceSliceMaxCounterSets`).
+pub const MAX_COUNTER_SETS: usize = 8;
+/// Counters per counter set, 1.35+ (`ResourceSliceMaxCountersPerCounterSet`).
+pub const MAX_COUNTERS_PER_SET: usize = 32;
+/// Counter sets one device consumes, 1.35+ (`ResourceSliceMaxDeviceCounterConsumptionsPerDevice`).
+pub const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
+/// Counters per consumption (`ResourceSliceMaxCountersPerDeviceCounterConsumption`); up to 1.34,
+/// counters per device.
+pub const MAX_COUNTERS_PER_CONSUMPTION: usize = 32;
+/// Counters across all sets of a slice, up to 1.34 (`ResourceSliceMaxSharedCounters`).
+pub const COMBINED_MAX_SHARED_COUNTERS: usize = 32;
+/// Counters consumed, summed over a slice's devices, up to 1.34 (`ResourceSliceMaxDeviceCountersPerSlice`).
+pub const COMBINED_MAX_CONSUMED_COUNTERS: usize = 1024;
+/// Characters of a string or version attribute value.
+pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
+/// Characters of the identifier part of a qualified name.
+pub const MAX_ID_LEN: usize = 32;
+/// Characters of the domain part of a qualified name.
+pub const MAX_DOMAIN_LEN: usize = 63;
+/// Characters of a DNS subdomain (object names, pool names).
+pub const MAX_SUBDOMAIN_LEN: usize = 253;
+/// Characters of a driver name.
+pub const MAX_DRIVER_LEN: usize = 63;
+/// Characters of a label value.
+const MAX_LABEL_VALUE_LEN: usize = 63;
+/// Hex digits of the slice index in a slice name.
+const INDEX_DIGITS: usize = 5;
+
+/// Where counter sets live relative to the devices that consume them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Up to 1.34: counter sets and their devices in the same slice.
+    Combined,
+    /// 1.35 and later: counter sets in counter-only slices, devices in device-only slices.
+    Split,
+}
+
+impl Layout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Combined => "combined",
+            Self::Split => "split",
+        }
+    }
+
+    /// The most devices a slice may hold; `consuming`: any of them consumes counters.
+    pub fn max_devices(self, consuming: bool) -> usize {
+        match self {
+            Self::Split if consuming => MAX_DEVICES_WITH_COUNTERS,
+            _ => MAX_DEVICES,
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The layout an API server of this version accepts: Split from 1.35, Combined before.
+pub fn layout_for(major: u32, minor: u32) -> Layout {
+    if (major, minor) >= (1, 35) { Layout::Split } else { Layout::Combined }
+}
+
+/// One GPU's part of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSlices {
+    /// Names the GPU in errors and orders nothing: GPUs are packed in the order given.
+    pub minor: u32,
+    /// The GPU's counter set (dynamic MIG); `None` when its devices consume no counters.
+    pub counter_set: Option<(String, Counters)>,
+    pub devices: Vec<Device>,
+}
+
+/// The node's GPUs cannot be published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SliceError {
+    #[error("GPU minor {minor} does not fit in one ResourceSlice ({layout} layout): {reason}")]
+    GpuTooLarge { minor: u32, layout: Layout, reason: String },
+    #[error("GPU minor {minor}: device {device} consumes counter set {set:?}, which is not this GPU's")]
+    ForeignCounterSet { minor: u32, device: String, set: String },
+}
+
+/// What a group of GPUs puts into one slice, for the limits.
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    devices: usize,
+    consuming: bool,
+    counter_sets: usize,
+    /// Counters across the sets.
+    set_counters: usize,
+    /// Counters consumed, summed over the devices.
+    consumed: usize,
+}
+
+impl Usage {
+    fn of(gpu: &GpuSlices) -> Self {
+        Self {
+            devices: gpu.devices.len(),
+            consuming: gpu.devices.iter().any(|d| d.consumes.is_some()),
+            counter_sets: usize::from(gpu.counter_set.is_some()),
+            set_counters: gpu.counter_set.as_ref().map_or(0, |(_, c)| c.len()),
+            consumed: gpu.devices.iter().filter_map(|d| d.consumes.as_ref()).map(|(_, c)| c.len()).sum(),
+        }
+    }
+
+    fn plus(self, o: Self) -> Self {
+        Self {
+            devices: self.devices + o.devices,
+            consuming: self.consuming || o.consuming,
+            counter_sets: self.counter_sets + o.counter_sets,
+            set_counters: self.set_counters + o.set_counters,
+            consumed: self.consumed + o.consumed,
+        }
+    }
+
+    /// The first limit of a device slice (with its counter sets, in Combined) this exceeds.
+    fn device_slice_excess(&self, layout: Layout) -> Option<String> {
+        let max = layout.max_devices(self.consuming);
+        if self.devices > max {
+            let when = if layout == Layout::Split && self.consuming { " when devices consume counters" } else { "" };
+            return Some(format!("{} devices, more than the {max} a slice may hold{when}", self.devices));
+        }
+        if layout == Layout::Combined {
+            if self.set_counters > COMBINED_MAX_SHARED_COUNTERS {
+                return Some(format!(
+                    "{} counters in its counter sets, more than the {COMBINED_MAX_SHARED_COUNTERS} a slice may hold",
+                    self.set_counters
+                ));
+            }
+            if self.consumed > COMBINED_MAX_CONSUMED_COUNTERS {
+                return Some(format!(
+                    "its devices consume {} counters, more than the {COMBINED_MAX_CONSUMED_COUNTERS} a slice may list",
+                    self.consumed
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// The label every slice of ours carries, so the publisher can list its own: `<driver>/node`.
+pub fn node_label(driver: &str) -> String {
+    format!("{driver}/node")
+}
+
+/// The value of [`node_label`] for a node: the node name, or, past the 63 characters a label
+/// value may hold, its start and a hash of the whole name.
+pub fn node_label_value(node: &str) -> String {
+    if node.len() <= MAX_LABEL_VALUE_LEN {
+        return node.to_string();
+    }
+    let hash = format!("{:08x}", fnv1a(node.as_bytes()) as u32);
+    let head = node[..MAX_LABEL_VALUE_LEN - hash.len() - 1].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{head}-{hash}")
+}
+
+/// FNV-1a, 64 bits: a stable hash without a dependency.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// The name of slice `index` of this node's pool: `<node>-<driver with '.' as '-'>-<5 hex digits>`.
+/// Names of one pool sort in index order.
+pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
+    let mut prefix = format!("{node}-{}", driver.replace('.', "-"));
+    let room = MAX_SUBDOMAIN_LEN - INDEX_DIGITS - 1;
+    if prefix.len() > room {
+        let hash = format!("{:08x}", fnv1a(prefix.as_bytes()) as u32);
+        let head = prefix[..room - hash.len() - 1].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+        prefix = format!("{head}-{hash}");
+    }
+    format!("{prefix}-{index:0width$x}", width = INDEX_DIGITS)
+}
+
+/// A counter amount as a quantity: `memory` in MiB (`81152Mi`, like the `memory` capacity),
+/// every other counter a plain count.
+pub fn counter_quantity(name: &str, value: u64) -> Quantity {
+    if name == counters::MEMORY { Quantity(format!("{value}Mi")) } else { Quantity(value.to_string()) }
+}
+
+fn counter_map(c: &Counters) -> BTreeMap<String, api::Counter> {
+    c.iter().map(|(k, &v)| (k.clone(), api::Counter { value: counter_quantity(k, v) })).collect()
+}
+
+fn attribute(v: &AttributeValue) -> api::DeviceAttribute {
+    let mut a = api::DeviceAttribute::default();
+    match v {
+        AttributeValue::Int(i) => a.int = Some(*i),
+        AttributeValue::Bool(b) => a.bool = Some(*b),
+        AttributeValue::String(s) => a.string = Some(s.clone()),
+        AttributeValue::Version(s) => a.version = Some(s.clone()),
+    }
+    a
+}
+
+/// One device of the model as the API's device. Bare attribute keys stay bare (the driver's
+/// domain implicitly); qualified ones (`resource.kubernetes.io/pciBusID`) stay as they are.
+pub fn device(d: &Device) -> api::Device {
+    let attributes: BTreeMap<String, api::DeviceAttribute> =
+        d.attributes.iter().map(|(k, v)| (k.clone(), attribute(v))).collect();
+    let capacity: BTreeMap<String, api::DeviceCapacity> = d
+        .capacity
+        .iter()
+        .map(|(k, q)| (k.clone(), api::DeviceCapacity { value: Quantity(q.to_string()), request_policy: None }))
+        .collect();
+    api::Device {
+        name: d.name.clone(),
+        attributes: (!attributes.is_empty()).then_some(attributes),
+        capacity: (!capacity.is_empty()).then_some(capacity),
+        consumes_counters: d
+            .consumes
+            .as_ref()
+            .map(|(set, c)| vec![api::DeviceCounterConsumption { counter_set: set.clone(), counters: counter_map(c) }]),
+        ..Default::default()
+    }
+}
+
+/// A counter set as the API's.
+pub fn counter_set(name: &str, c: &Counters) -> api::CounterSet {
+    api::CounterSet { name: name.to_string(), counters: counter_map(c) }
+}
+
+/// What one slice holds, as indexes into the GPU list.
+enum Content {
+    /// The GPUs' devices; in Combined also their counter sets.
+    Devices(Vec<usize>),
+    /// Split only: the GPUs' counter sets.
+    Counters(Vec<usize>),
+}
+
+fn check_gpu(gpu: &GpuSlices, layout: Layout) -> Result<(), SliceError> {
+    let too_large = |reason: String| SliceError::GpuTooLarge { minor: gpu.minor, layout, reason };
+    let own = gpu.counter_set.as_ref().map(|(n, _)| n.as_str());
+    for d in &gpu.devices {
+        if let Some((set, _)) = &d.consumes
+            && Some(set.as_str()) != own
+        {
+            return Err(SliceError::ForeignCounterSet { minor: gpu.minor, device: d.name.clone(), set: set.clone() });
+        }
+    }
+    if let Some((name, c)) = &gpu.counter_set
+        && c.len() > MAX_COUNTERS_PER_SET
+    {
+        return Err(too_large(format!(
+            "counter set {name} has {} counters, more than {MAX_COUNTERS_PER_SET}",
+            c.len()
+        )));
+    }
+    match Usage::of(gpu).device_slice_excess(layout) {
+        Some(reason) => Err(too_large(reason)),
+        None => Ok(()),
+    }
+}
+
+/// Which GPUs go into which slice, in slice order.
+fn plan(layout: Layout, gpus: &[GpuSlices]) -> Result<Vec<Content>, SliceError> {
+    let mut bins: Vec<(Content, Usage)> = Vec::new();
+    // The open device slice for GPUs whose devices consume counters, and the one for the others.
+    let mut open: [Option<usize>; 2] = [None, None];
+    for (i, gpu) in gpus.iter().enumerate() {
+        check_gpu(gpu, layout)?;
+        let usage = Usage::of(gpu);
+        let in_device_slice = usage.devices > 0 || (layout == Layout::Combined && usage.counter_sets > 0);
+        if !in_device_slice {
+            continue;
+        }
+        let group = usize::from(usage.consuming || usage.counter_sets > 0);
+        let joined = open[group].filter(|&b| bins[b].1.plus(usage).device_slice_excess(layout).is_none());
+        match joined {
+            Some(b) => {
+                if let (Content::Devices(members), u) = &mut bins[b] {
+                    members.push(i);
+                    *u = u.plus(usage);
+                }
+            }
+            None => {
+                open[group] = Some(bins.len());
+                bins.push((Content::Devices(vec![i]), usage));
+            }
+        }
+    }
+    let mut plan: Vec<Content> = bins.into_iter().map(|(c, _)| c).collect();
+    if layout == Layout::Split {
+        let with_sets: Vec<usize> =
+            gpus.iter().enumerate().filter(|(_, g)| g.counter_set.is_some()).map(|(i, _)| i).collect();
+        plan.extend(with_sets.chunks(MAX_COUNTER_SETS).map(|c| Content::Counters(c.to_vec())));
+    }
+    Ok(plan)
+}
+
+/// Every ResourceSlice of this node's pool (pool name = node name), in priority order.
+///
+/// `node_uid` adds an owner reference to the Node, so the slices go when the node goes.
+/// `resourceSliceCount` counts every slice, counter-only ones included. Slices that hold no
+/// devices send `devices: None` and slices without counter sets `sharedCounters: None`: the API
+/// server tells them apart by nil-ness, and k8s-openapi omits `None`.
+///
+/// # Errors
+/// A GPU does not fit in one slice, or a device consumes a counter set its GPU does not define.
+pub fn build(
+    driver: &str,
+    node: &str,
+    node_uid: Option<&str>,
+    generation: i64,
+    layout: Layout,
+    gpus: &[GpuSlices],
+) -> Result<Vec<ResourceSlice>, SliceError> {
+    let plan = plan(layout, gpus)?;
+    let count = plan.len() as i64;
+    let sets = |members: &[usize]| -> Vec<api::CounterSet> {
+        members.iter().filter_map(|&i| gpus[i].counter_set.as_ref()).map(|(n, c)| counter_set(n, c)).collect()
+    };
+    let owner = node_uid.map(|uid| {
+        vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: node.to_string(),
+            uid: uid.to_string(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]
+    });
+    let slices = plan
+        .iter()
+        .enumerate()
+        .map(|(index, content)| {
+            let (devices, shared_counters) = match content {
+                Content::Devices(members) => {
+                    let devices: Vec<api::Device> =
+                        members.iter().flat_map(|&i| gpus[i].devices.iter().map(device)).collect();
+                    let shared = if layout == Layout::Combined { sets(members) } else { Vec::new() };
+                    ((!devices.is_empty()).then_some(devices), (!shared.is_empty()).then_some(shared))
+                }
+                Content::Counters(members) => (None, Some(sets(members))),
+            };
+            ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(slice_name(node, driver, index)),
+                    labels: Some(BTreeMap::from([(node_label(driver), node_label_value(node))])),
+                    owner_references: owner.clone(),
+                    ..Default::default()
+                },
+                spec: api::ResourceSliceSpec {
+                    driver: driver.to_string(),
+                    node_name: Some(node.to_string()),
+                    pool: api::ResourcePool { name: node.to_string(), generation, resource_slice_count: count },
+                    devices,
+                    shared_counters,
+                    ..Default::default()
+                },
+            }
+        })
+        .collect();
+    Ok(slices)
+}
+
+/// RFC 1123 subdomain as Kubernetes checks it (`IsDNS1123Subdomain`): ≤253 characters, dot-separated
+/// labels of lower-case letters, digits and `-`, each starting and ending alphanumeric.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    let part = |l: &str| {
+        !l.is_empty()
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    !s.is_empty() && s.len() <= MAX_SUBDOMAIN_LEN && s.split('.').all(part)
+}
+
+fn is_c_identifier(s: &str) -> bool {
+    let mut b = s.bytes();
+    b.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_') && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// Why `key` is not a QualifiedName (attribute and capacity keys): a C identifier of ≤32
+/// characters, optionally behind a DNS subdomain of ≤63 characters and a `/`.
+pub fn qualified_name_problem(key: &str) -> Option<String> {
+    let (domain, id) = match key.split_once('/') {
+        Some((d, i)) => (Some(d), i),
+        None => (None, key),
+    };
+    if let Some(d) = domain {
+        if d.len() > MAX_DOMAIN_LEN {
+            return Some(format!("domain {d:?} has {} characters, more than {MAX_DOMAIN_LEN}", d.len()));
+        }
+        if !is_dns_subdomain(d) {
+            return Some(format!("domain {d:?} is not a DNS subdomain"));
+        }
+    }
+    if !is_c_identifier(id) {
+        return Some(format!("{id:?} is not a C identifier"));
+    }
+    if id.len() > MAX_ID_LEN {
+        return Some(format!("{id:?} has {} characters, more than {MAX_ID_LEN}", id.len()));
+    }
+    None
+}
+
+/// Semantic version 2.0.0: `MAJOR.MINOR.PATCH[-pre][+build]`, numbers without leading zeros.
+pub fn is_semver(s: &str) -> bool {
+    let number = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    let ident = |i: &str| !i.is_empty() && i.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    let (rest, build) = match s.split_once('+') {
+        Some((r, b)) => (r, Some(b)),
+        None => (s, None),
+    };
+    let (core, pre) = match rest.split_once('-') {
+        Some((c, p)) => (c, Some(p)),
+        None => (rest, None),
+    };
+    let core: Vec<&str> = core.split('.').collect();
+    core.len() == 3
+        && core.iter().all(|n| number(n))
+        && pre.is_none_or(|p| p.split('.').all(|i| ident(i) && (!i.bytes().all(|b| b.is_ascii_digit()) || number(i))))
+        && build.is_none_or(|b| b.split('.').all(ident))
+}
+
+fn check_counters(at: &str, counters: &BTreeMap<String, api::Counter>, problems: &mut Vec<String>) {
+    if counters.is_empty() {
+        problems.push(format!("{at}: no counters"));
+    }
+    for k in counters.keys().filter(|k| !is_dns_label(k)) {
+        problems.push(format!("{at}: counter name {k:?} is not a DNS label"));
+    }
+}
+
+fn check_device(at: &str, d: &api::Device, layout: Layout, problems: &mut Vec<String>) {
+    let at = format!("{at}: device {:?}", d.name);
+    if !is_dns_label(&d.name) {
+        problems.push(format!("{at}: name is not a DNS label"));
+    }
+    let attributes = d.attributes.as_ref();
+    let capacity = d.capacity.as_ref();
+    let n = attributes.map_or(0, BTreeMap::len) + capacity.map_or(0, BTreeMap::len);
+    if n > devices::MAX_ATTRIBUTES_AND_CAPACITIES {
+        problems
+            .push(format!("{at}: {n} attributes and capacities, more than {}", devices::MAX_ATTRIBUTES_AND_CAPACITIES));
+    }
+    for (k, a) in attributes.into_iter().flatten() {
+        if let Some(why) = qualified_name_problem(k) {
+            problems.push(format!("{at}: attribute {k:?}: {why}"));
+        }
+        let set = [a.int.is_some(), a.bool.is_some(), a.string.is_some(), a.version.is_some()];
+        if set.iter().filter(|s| **s).count() != 1 {
+            problems.push(format!("{at}: attribute {k:?} must set exactly one of int, bool, string, version"));
+        }
+        for (what, v) in [("string", &a.string), ("version", &a.version)] {
+            if let Some(v) = v
+                && v.chars().count() > MAX_ATTRIBUTE_VALUE_LEN
+            {
+                problems.push(format!(
+                    "{at}: attribute {k:?}: {what} value has {} characters, more than {MAX_ATTRIBUTE_VALUE_LEN}",
+                    v.chars().count()
+                ));
+            }
+        }
+        if let Some(v) = &a.version
+            && !is_semver(v)
+        {
+            problems.push(format!("{at}: attribute {k:?}: {v:?} is not a semantic version"));
+        }
+    }
+    for k in capacity.into_iter().flatten().map(|(k, _)| k) {
+        if let Some(why) = qualified_name_problem(k) {
+            problems.push(format!("{at}: capacity {k:?}: {why}"));
+        }
+    }
+    let consumes = d.consumes_counters.as_deref().unwrap_or_default();
+    if layout == Layout::Split && consumes.len() > MAX_CONSUMPTIONS_PER_DEVICE {
+        problems
+            .push(format!("{at}: consumes {} counter sets, more than {MAX_CONSUMPTIONS_PER_DEVICE}", consumes.len()));
+    }
+    let mut seen = BTreeSet::new();
+    for c in consumes {
+        if !seen.insert(c.counter_set.as_str()) {
+            problems.push(format!("{at}: consumes counter set {:?} twice", c.counter_set));
+        }
+        if !is_dns_label(&c.counter_set) {
+            problems.push(format!("{at}: counter set name {:?} is not a DNS label", c.counter_set));
+        }
+        check_counters(&format!("{at}: consumption of {:?}", c.counter_set), &c.counters, problems);
+        if c.counters.len() > MAX_COUNTERS_PER_CONSUMPTION {
+            problems.push(format!(
+                "{at}: consumes {} counters of {:?}, more than {MAX_COUNTERS_PER_CONSUMPTION}",
+                c.counters.len(),
+                c.counter_set
+            ));
+        }
+    }
+    let total: usize = consumes.iter().map(|c| c.counters.len()).sum();
+    if layout == Layout::Combined && total > MAX_COUNTERS_PER_CONSUMPTION {
+        problems.push(format!("{at}: consumes {total} counters, more than {MAX_COUNTERS_PER_CONSUMPTION}"));
+    }
+}
+
+/// Every way these slices of one pool break the API server's rules (or our own reading of them,
+/// such as counter references, which the server checks only at allocation), one message each.
+/// Empty when they may be published as they are.
+pub fn validate(slices: &[ResourceSlice], layout: Layout) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(first) = slices.first() else { return problems };
+    let label = |i: usize, s: &ResourceSlice| s.metadata.name.clone().unwrap_or_else(|| format!("#{i}"));
+    let pool = &first.spec.pool;
+
+    // Where each counter set lives, and each device name / slice name, for pool-wide checks.
+    let mut set_home: HashMap<&str, (usize, &api::CounterSet)> = HashMap::new();
+    let mut device_home: HashMap<&str, usize> = HashMap::new();
+    let mut names: HashMap<String, usize> = HashMap::new();
+
+    for (i, s) in slices.iter().enumerate() {
+        let at = format!("slice {}", label(i, s));
+        let spec = &s.spec;
+        match &s.metadata.name {
+            None => problems.push(format!("{at}: no metadata.name")),
+            Some(n) if !is_dns_subdomain(n) => problems.push(format!("{at}: name is not a DNS subdomain (≤253)")),
+            Some(n) => {
+                if let Some(j) = names.insert(n.clone(), i) {
+                    problems.push(format!("{at}: same name as slice #{j}"));
+                }
+            }
+        }
+        if !is_dns_subdomain(&spec.driver) || spec.driver.len() > MAX_DRIVER_LEN {
+            problems.push(format!("{at}: driver {:?} is not a DNS subdomain of ≤{MAX_DRIVER_LEN}", spec.driver));
+        }
+        let p = &spec.pool;
+        if p.name.is_empty() || p.name.len() > MAX_SUBDOMAIN_LEN || !p.name.split('/').all(is_dns_subdomain) {
+            problems.push(format!("{at}: pool name {:?} is not DNS subdomains joined by '/' (≤253)", p.name));
+        }
+        if (&p.name, p.generation, &spec.driver) != (&pool.name, pool.generation, &first.spec.driver) {
+            problems.push(format!(
+                "{at}: pool {}/{} generation {} differs from the first slice's {}/{} generation {}",
+                spec.driver, p.name, p.generation, first.spec.driver, pool.name, pool.generation
+            ));
+        }
+        if p.generation < 0 {
+            problems.push(format!("{at}: pool generation {} is negative", p.generation));
+        }
+        if p.resource_slice_count != slices.len() as i64 {
+            problems.push(format!(
+                "{at}: resourceSliceCount is {}, but the pool has {} slices",
+                p.resource_slice_count,
+                slices.len()
+            ));
+        }
+        let selectors = [
+            spec.node_name.is_some(),
+            spec.node_selector.is_some(),
+            spec.all_nodes.is_some(),
+            spec.per_device_node_selection.is_some(),
+        ];
+        if selectors.iter().filter(|s| **s).count() != 1 {
+            problems.push(format!(
+                "{at}: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection must be set"
+            ));
+        }
+
+        let sets = spec.shared_counters.as_deref().unwrap_or_default();
+        let devices = spec.devices.as_deref().unwrap_or_default();
+        match layout {
+            Layout::Split => {
+                if spec.shared_counters.is_some() && spec.devices.is_some() {
+                    problems.push(format!("{at}: only one of sharedCounters or devices is allowed (1.35+)"));
+                }
+                if sets.len() > MAX_COUNTER_SETS {
+                    problems.push(format!("{at}: {} counter sets, more than {MAX_COUNTER_SETS}", sets.len()));
+                }
+            }
+            Layout::Combined => {
+                let n: usize = sets.iter().map(|c| c.counters.len()).sum();
+                if n > COMBINED_MAX_SHARED_COUNTERS {
+                    problems.push(format!(
+                        "{at}: {n} counters across its counter sets, more than {COMBINED_MAX_SHARED_COUNTERS}"
+                    ));
+                }
+                let consumed: usize =
+                    devices.iter().flat_map(|d| d.consumes_counters.iter().flatten()).map(|c| c.counters.len()).sum();
+                if consumed > COMBINED_MAX_CONSUMED_COUNTERS {
+                    problems.push(format!(
+                        "{at}: its devices consume {consumed} counters, more than {COMBINED_MAX_CONSUMED_COUNTERS}"
+                    ));
+                }
+            }
+        }
+        for c in sets {
+            let set_at = format!("{at}: counter set {:?}", c.name);
+            if !is_dns_label(&c.name) {
+                problems.push(format!("{set_at}: name is not a DNS label"));
+            }
+            check_counters(&set_at, &c.counters, &mut problems);
+            if c.counters.len() > MAX_COUNTERS_PER_SET {
+                problems.push(format!("{set_at}: {} counters, more than {MAX_COUNTERS_PER_SET}", c.counters.len()));
+            }
+            if let Some((j, _)) = set_home.insert(&c.name, (i, c)) {
+                problems.push(format!("{set_at}: also defined in slice {}", label(j, &slices[j])));
+            }
+        }
+        let advanced = devices.iter().any(|d| d.consumes_counters.is_some() || d.taints.is_some());
+        let max = layout.max_devices(advanced);
+        if devices.len() > max {
+            let when = if max < MAX_DEVICES { " when any device consumes counters or has taints" } else { "" };
+            problems.push(format!("{at}: {} devices, more than {max}{when}", devices.len()));
+        }
+        for d in devices {
+            check_device(&at, d, layout, &mut problems);
+            if let Some(j) = device_home.insert(&d.name, i) {
+                problems.push(format!("{at}: device {:?} is also in slice {}", d.name, label(j, &slices[j])));
+            }
+        }
+    }
+
+    // Counter references, once every set of the pool is known.
+    for (i, s) in slices.iter().enumerate() {
+        let at = format!("slice {}", label(i, s));
+        for d in s.spec.devices.iter().flatten() {
+            for c in d.consumes_counters.iter().flatten() {
+                let here = format!("{at}: device {:?}", d.name);
+                let Some(&(j, set)) = set_home.get(c.counter_set.as_str()) else {
+                    problems.push(format!(
+                        "{here}: consumes counter set {:?}, which the pool does not define",
+                        c.counter_set
+                    ));
+                    continue;
+                };
+                if layout == Layout::Combined && j != i {
+                    problems.push(format!(
+                        "{here}: consumes counter set {:?} of slice {}; before 1.35 a device may consume only sets of its own slice",
+                        c.counter_set,
+                        label(j, &slices[j])
+                    ));
+                }
+                for k in c.counters.keys().filter(|k| !set.counters.contains_key(*k)) {
+                    problems
+                        .push(format!("{here}: consumes counter {k:?}, which set {:?} does not have", c.counter_set));
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig::catalog::{GpuModel, model};
+    use crate::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
+
+    const DRIVER: &str = "mig.slinky.slurm.net";
+    const NODE: &str = "node-a";
+
+    fn gpu(key: &str, index: u32, mode: GpuMode) -> GpuSlices {
+        let m: &GpuModel = model(key).unwrap();
+        let minor = index + 100;
+        let id = GpuIdentity {
+            index,
+            minor,
+            uuid: format!("GPU-00000000-0000-0000-0000-{index:012}"),
+            pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
+            product_name: m.product_name.clone(),
+            memory_mib: m.memory_mib,
+            driver_version: "580.95.05".into(),
+            cuda_compute_capability: m.cuda_compute_capability,
+            slurm_index: index,
+            shards_per_gpu: m.memory_slices,
+        };
+        let counter_set =
+            (mode == GpuMode::Dynamic).then(|| (counters::counter_set_name(minor), counters::capacity(m)));
+        GpuSlices { minor, counter_set, devices: gpu_devices(m, &id, mode, true, &[]) }
+    }
+
+    fn node(spec: &[(&str, u32, GpuMode)]) -> Vec<GpuSlices> {
+        let mut out = Vec::new();
+        for &(key, n, mode) in spec {
+            for _ in 0..n {
+                out.push(gpu(key, out.len() as u32, mode));
+            }
+        }
+        out
+    }
+
+    /// `gpu-<minor>` of a device name.
+    fn parent(device: &str) -> &str {
+        device.split_once("-mig-").map_or(device, |(p, _)| p)
+    }
+
+    fn names(slices: &[ResourceSlice]) -> Vec<String> {
+        slices.iter().map(|s| s.metadata.name.clone().unwrap()).collect()
+    }
+
+    fn device_counts(slices: &[ResourceSlice]) -> Vec<usize> {
+        slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect()
+    }
+
+    fn set_counts(slices: &[ResourceSlice]) -> Vec<usize> {
+        slices.iter().map(|s| s.spec.shared_counters.as_ref().map_or(0, Vec::len)).collect()
+    }
+
+    #[test]
+    fn layout_follows_the_server_version() {
+        assert_eq!(layout_for(1, 33), Layout::Combined);
+        assert_eq!(layout_for(1, 34), Layout::Combined);
+        assert_eq!(layout_for(1, 35), Layout::Split);
+        assert_eq!(layout_for(1, 37), Layout::Split);
+        assert_eq!(layout_for(2, 0), Layout::Split);
+    }
+
+    #[test]
+    #[allow(clippy::print_stdout)] // prints the slice counts per layout
+    fn sixteen_h100s_validate_clean_in_both_layouts() {
+        let gpus = node(&[("h100-80gb", 16, GpuMode::Dynamic)]);
+        let per_gpu = gpus[0].devices.len();
+        for layout in [Layout::Combined, Layout::Split] {
+            let slices = build(DRIVER, NODE, Some("uid-1"), 3, layout, &gpus).unwrap();
+            assert_eq!(validate(&slices, layout), Vec::<String>::new(), "{layout}");
+            let devices: usize = device_counts(&slices).iter().sum();
+            assert_eq!(devices, 16 * per_gpu);
+            let consumed: Vec<usize> = slices
+                .iter()
+                .map(|s| {
+                    s.spec
+                        .devices
+                        .iter()
+                        .flatten()
+                        .flat_map(|d| d.consumes_counters.iter().flatten())
+                        .map(|c| c.counters.len())
+                        .sum()
+                })
+                .collect();
+            println!(
+                "16 × H100 {layout}: {} slices ({} with devices, {} counter-only), devices per slice {:?}, \
+                 sets per slice {:?}, counters consumed per slice {:?}",
+                slices.len(),
+                slices.iter().filter(|s| s.spec.devices.is_some()).count(),
+                slices.iter().filter(|s| s.spec.devices.is_none()).count(),
+                device_counts(&slices),
+                set_counts(&slices),
+                consumed
+            );
+            for s in &slices {
+                assert_eq!(s.spec.pool.resource_slice_count, slices.len() as i64);
+                assert_eq!(s.spec.pool.generation, 3);
+                assert_eq!(s.spec.node_name.as_deref(), Some(NODE));
+                let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+                assert_eq!(
+                    (owner.api_version.as_str(), owner.kind.as_str(), owner.uid.as_str()),
+                    ("v1", "Node", "uid-1")
+                );
+                assert_eq!(s.metadata.labels.as_ref().unwrap()[&node_label(DRIVER)], NODE);
+            }
+            match layout {
+                // 15 counters per H100 set: two sets per slice (30 ≤ 32).
+                Layout::Combined => {
+                    assert_eq!(slices.len(), 8);
+                    assert!(set_counts(&slices).iter().all(|&n| n == 2));
+                }
+                // 26 devices per H100: two GPUs per device slice (≤ 64); 8 sets per counter slice.
+                Layout::Split => {
+                    assert_eq!(slices.len(), 8 + 2);
+                    assert_eq!(set_counts(&slices)[8..], [8, 8]);
+                    assert!(slices[..8].iter().all(|s| s.spec.shared_counters.is_none()));
+                    assert!(slices[8..].iter().all(|s| s.spec.devices.is_none()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rtx_pro_sets_of_19_counters_take_a_combined_slice_each() {
+        let gpus = node(&[("rtx-pro-6000", 3, GpuMode::Dynamic)]);
+        assert_eq!(gpus[0].counter_set.as_ref().unwrap().1.len(), 19);
+        let slices = build(DRIVER, NODE, None, 1, Layout::Combined, &gpus).unwrap();
+        assert_eq!(validate(&slices, Layout::Combined), Vec::<String>::new());
+        assert_eq!(slices.len(), 3);
+        for (s, g) in slices.iter().zip(&gpus) {
+            let sets = s.spec.shared_counters.as_ref().unwrap();
+            assert_eq!(sets.len(), 1);
+            assert_eq!(sets[0].name, g.counter_set.as_ref().unwrap().0);
+            assert_eq!(s.spec.devices.as_ref().unwrap().len(), g.devices.len());
+            assert!(s.metadata.owner_references.is_none());
+        }
+        let split = build(DRIVER, NODE, None, 1, Layout::Split, &gpus).unwrap();
+        assert_eq!(validate(&split, Layout::Split), Vec::<String>::new());
+    }
+
+    #[test]
+    fn mig_off_gpus_get_their_own_device_slice() {
+        let gpus = node(&[("h100-80gb", 2, GpuMode::Dynamic), ("a100-40gb", 1, GpuMode::Full)]);
+        for layout in [Layout::Combined, Layout::Split] {
+            let slices = build(DRIVER, NODE, None, 1, layout, &gpus).unwrap();
+            assert_eq!(validate(&slices, layout), Vec::<String>::new(), "{layout}");
+            let full = &slices[1];
+            assert_eq!(device_counts(&slices)[..2], [2 * gpus[0].devices.len(), 1]);
+            assert!(full.spec.shared_counters.is_none());
+            let d = &full.spec.devices.as_ref().unwrap()[0];
+            assert_eq!(d.name, "gpu-102");
+            assert!(d.consumes_counters.is_none());
+            assert_eq!(slices.len(), if layout == Layout::Split { 3 } else { 2 });
+        }
+    }
+
+    #[test]
+    fn static_and_full_gpus_pack_up_to_128_devices() {
+        let gpus = node(&[("a100-40gb", 130, GpuMode::Full)]);
+        let slices = build(DRIVER, NODE, None, 1, Layout::Split, &gpus).unwrap();
+        assert_eq!(device_counts(&slices), [128, 2]);
+        assert_eq!(validate(&slices, Layout::Split), Vec::<String>::new());
+    }
+
+    #[test]
+    fn names_sort_in_priority_order() {
+        // 16 RTX PRO in Combined: one slice each, indexes 0..f.
+        let gpus = node(&[("rtx-pro-6000", 16, GpuMode::Dynamic)]);
+        let slices = build(DRIVER, NODE, None, 1, Layout::Combined, &gpus).unwrap();
+        let n = names(&slices);
+        assert_eq!(n.len(), 16);
+        assert_eq!(n[10], "node-a-mig-slinky-slurm-net-0000a");
+        let mut sorted = n.clone();
+        sorted.sort();
+        assert_eq!(sorted, n);
+        // The slice order is the GPU order: slice k holds GPU k's devices.
+        for (k, s) in slices.iter().enumerate() {
+            assert!(s.spec.devices.as_ref().unwrap().iter().all(|d| parent(&d.name) == format!("gpu-{}", 100 + k)));
+        }
+        // Split: device slices, in GPU order, before the counter slices.
+        let gpus = node(&[
+            ("h100-80gb", 3, GpuMode::Dynamic),
+            ("a100-40gb", 1, GpuMode::Full),
+            ("h100-80gb", 2, GpuMode::Dynamic),
+        ]);
+        let slices = build(DRIVER, NODE, None, 1, Layout::Split, &gpus).unwrap();
+        let n = names(&slices);
+        let mut sorted = n.clone();
+        sorted.sort();
+        assert_eq!(sorted, n);
+        let kinds: Vec<bool> = slices.iter().map(|s| s.spec.devices.is_some()).collect();
+        assert_eq!(kinds, [true, true, true, true, false]);
+        // GPUs 0+1; GPU 2, which GPU 4 joins (the MIG-off GPU 3 has a slice of its own); GPU 3;
+        // GPU 5. Each slice sorts by its first GPU.
+        let gpus_of = |s: &ResourceSlice| -> Vec<String> {
+            let mut g: Vec<String> =
+                s.spec.devices.as_ref().unwrap().iter().map(|d| parent(&d.name).to_string()).collect();
+            g.dedup();
+            g
+        };
+        let covered: Vec<Vec<String>> = slices[..4].iter().map(gpus_of).collect();
+        assert_eq!(covered, [vec!["gpu-100", "gpu-101"], vec!["gpu-102", "gpu-104"], vec!["gpu-103"], vec!["gpu-105"]]);
+        assert_eq!(validate(&slices, Layout::Split), Vec::<String>::new());
+    }
+
+    #[test]
+    fn long_names_stay_valid_and_distinct() {
+        let node = format!("{}.example.com", "n".repeat(240));
+        let a = slice_name(&node, DRIVER, 1);
+        let b = slice_name(&format!("{}.example.org", "n".repeat(240)), DRIVER, 1);
+        assert!(a.len() <= MAX_SUBDOMAIN_LEN && is_dns_subdomain(&a), "{a}");
+        assert_ne!(a, b);
+        assert!(a.ends_with("-00001"));
+        let v = node_label_value(&node);
+        assert!(v.len() <= 63 && is_dns_label(&v.replace('.', "-")), "{v}");
+        assert_ne!(v, node_label_value(&format!("{}.example.org", "n".repeat(240))));
+        assert_eq!(node_label_value("node-a"), "node-a");
+    }
+
+    #[test]
+    fn a_gpu_that_alone_breaks_a_limit_is_named() {
+        let mut g = gpu("h100-80gb", 0, GpuMode::Dynamic);
+        let extra: Vec<Device> =
+            (0..40).map(|i| Device { name: format!("gpu-100-extra-{i}"), ..g.devices[1].clone() }).collect();
+        g.devices.extend(extra);
+        let e = build(DRIVER, NODE, None, 1, Layout::Split, &[g.clone()]).unwrap_err();
+        assert!(matches!(e, SliceError::GpuTooLarge { minor: 100, .. }), "{e}");
+        assert!(e.to_string().contains("66 devices, more than the 64"), "{e}");
+        assert!(build(DRIVER, NODE, None, 1, Layout::Combined, &[g]).is_ok(), "128 devices in Combined");
+
+        let mut foreign = gpu("h100-80gb", 0, GpuMode::Dynamic);
+        foreign.devices[3].consumes.as_mut().unwrap().0 = "gpu-7-counters".into();
+        let e = build(DRIVER, NODE, None, 1, Layout::Split, &[foreign]).unwrap_err();
+        assert!(matches!(e, SliceError::ForeignCounterSet { minor: 100, .. }), "{e}");
+    }
+
+    #[test]
+    fn broken_slices_yield_one_message_per_violation() {
+        // Split: a device slice of 65 counter-consuming devices and a 33-character attribute key.
+        let gpus = node(&[("h100-80gb", 3, GpuMode::Dynamic)]);
+        let mut split = build(DRIVER, NODE, None, 1, Layout::Split, &gpus).unwrap();
+        let moved: Vec<api::Device> = split[1].spec.devices.as_mut().unwrap().drain(..13).collect();
+        split[0].spec.devices.as_mut().unwrap().extend(moved);
+        let long = "a".repeat(33);
+        let d0 = &mut split[0].spec.devices.as_mut().unwrap()[0];
+        d0.attributes
+            .as_mut()
+            .unwrap()
+            .insert(long.clone(), api::DeviceAttribute { int: Some(1), ..Default::default() });
+        let problems = validate(&split, Layout::Split);
+        let s0 = "slice node-a-mig-slinky-slurm-net-00000";
+        assert_eq!(
+            problems,
+            [
+                format!("{s0}: 65 devices, more than 64 when any device consumes counters or has taints"),
+                format!("{s0}: device \"gpu-100\": attribute \"{long}\": \"{long}\" has 33 characters, more than 32"),
+            ]
+        );
+
+        // Combined: a device of GPU 2 moved into the slice of GPUs 0 and 1.
+        let mut combined = build(DRIVER, NODE, None, 1, Layout::Combined, &gpus).unwrap();
+        assert_eq!(combined.len(), 2);
+        let d = combined[1].spec.devices.as_mut().unwrap().remove(5);
+        let name = d.name.clone();
+        combined[0].spec.devices.as_mut().unwrap().push(d);
+        let problems = validate(&combined, Layout::Combined);
+        assert_eq!(
+            problems,
+            [format!(
+                "{s0}: device {name:?}: consumes counter set \"gpu-102-counters\" of slice node-a-mig-slinky-slurm-net-00001; before 1.35 a device may consume only sets of its own slice"
+            )]
+        );
+
+        // Split layout rules on Combined slices, and pool-wide rules.
+        let mut wrong = build(DRIVER, NODE, None, 1, Layout::Combined, &gpus).unwrap();
+        wrong[1].spec.pool.generation = 2;
+        let dup = wrong[0].spec.devices.as_ref().unwrap()[0].clone();
+        wrong[1].spec.devices.as_mut().unwrap().push(dup);
+        let problems = validate(&wrong, Layout::Split);
+        assert!(problems.iter().any(|p| p.contains("only one of sharedCounters or devices")), "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("generation 2 differs")), "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("\"gpu-100\" is also in slice")), "{problems:#?}");
+    }
+
+    #[test]
+    fn names_and_values_follow_the_api_formats() {
+        assert!(qualified_name_problem("resource.kubernetes.io/pciBusID").is_none());
+        assert!(qualified_name_problem("slurmGpuIndex").is_none());
+        assert!(qualified_name_problem("copy-engines").is_some());
+        assert!(qualified_name_problem("Bad_Domain/x").is_some());
+        assert!(qualified_name_problem(&format!("{}/x", "a".repeat(64))).is_some());
+        for good in ["580.95.5", "9.0.0", "1.0.0-rc.1+build.5"] {
+            assert!(is_semver(good), "{good}");
+        }
+        for bad in ["580.95.05", "9.0", "1.0.0-", "v1.0.0"] {
+            assert!(!is_semver(bad), "{bad}");
+        }
+        assert!(is_dns_subdomain("node-a.example.com"));
+        assert!(!is_dns_subdomain("node_a"));
+        assert!(!is_dns_subdomain("a..b"));
+
+        let mut slices =
+            build(DRIVER, "node-a", None, 1, Layout::Split, &node(&[("a30-24gb", 1, GpuMode::Dynamic)])).unwrap();
+        let d = &mut slices[0].spec.devices.as_mut().unwrap()[0];
+        d.attributes
+            .as_mut()
+            .unwrap()
+            .insert("productName".into(), api::DeviceAttribute { string: Some("x".repeat(65)), ..Default::default() });
+        d.name = "GPU_0".into();
+        let sets = slices[1].spec.shared_counters.as_mut().unwrap();
+        sets[0].counters.insert("memorySlice9".into(), api::Counter { value: Quantity("1".into()) });
+        let problems = validate(&slices, Layout::Split);
+        assert!(problems.iter().any(|p| p.contains("\"GPU_0\": name is not a DNS label")), "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("string value has 65 characters")), "{problems:#?}");
+        assert!(
+            problems.iter().any(|p| p.contains("counter name \"memorySlice9\" is not a DNS label")),
+            "{problems:#?}"
+        );
+    }
+
+    #[test]
+    fn json_round_trip_keeps_every_counter_field() {
+        let gpus = node(&[("h100-80gb", 2, GpuMode::Dynamic)]);
+        for layout in [Layout::Combined, Layout::Split] {
+            let slices = build(DRIVER, NODE, Some("uid-1"), 7, layout, &gpus).unwrap();
+            let text = serde_json::to_string(&slices).unwrap();
+            let back: Vec<ResourceSlice> = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, slices, "{layout}");
+            let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for s in value.as_array().unwrap() {
+                assert_eq!(s["apiVersion"], "resource.k8s.io/v1");
+                assert_eq!(s["kind"], "ResourceSlice");
+                let spec = &s["spec"];
+                if layout == Layout::Split {
+                    assert!(spec.get("devices").is_none() || spec.get("sharedCounters").is_none(), "{spec}");
+                }
+            }
+            // Every counter of every set and of every consumption, with its quantity.
+            let sets: Vec<&api::CounterSet> =
+                back.iter().flat_map(|s| s.spec.shared_counters.iter().flatten()).collect();
+            assert_eq!(sets.len(), 2);
+            for (g, set) in gpus.iter().zip(&sets) {
+                let (name, c) = g.counter_set.as_ref().unwrap();
+                assert_eq!(&set.name, name);
+                assert_eq!(set.counters, counter_map(c));
+            }
+            assert_eq!(sets[0].counters["memory"].value.0, "81152Mi");
+            assert_eq!(sets[0].counters["memory-slice-7"].value.0, "1");
+            let devices: Vec<&api::Device> = back.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+            let model: Vec<&Device> = gpus.iter().flat_map(|g| &g.devices).collect();
+            assert_eq!(devices.len(), model.len());
+            for (d, m) in devices.iter().zip(&model) {
+                assert_eq!(d.name, m.name);
+                let (set, c) = m.consumes.as_ref().unwrap();
+                let got = &d.consumes_counters.as_ref().unwrap()[0];
+                assert_eq!((&got.counter_set, &got.counters), (set, &counter_map(c)));
+                assert_eq!(d.attributes.as_ref().unwrap().len(), m.attributes.len());
+                assert_eq!(d.capacity.as_ref().unwrap()["memory"].value.0, m.capacity["memory"].to_string());
+            }
+            let three_g = devices.iter().find(|d| d.name == "gpu-100-mig-3g40gb-9-4").unwrap();
+            let attrs = three_g.attributes.as_ref().unwrap();
+            assert_eq!(attrs["profileId"].int, Some(9));
+            assert_eq!(attrs["driverVersion"].version.as_deref(), Some("580.95.5"));
+            assert_eq!(attrs[devices::PCI_BUS_ID].string.as_deref(), Some("00000000:18:00.0"));
+            assert_eq!(three_g.consumes_counters.as_ref().unwrap()[0].counters["memory"].value.0, "40192Mi");
+        }
+    }
+}
