@@ -1,0 +1,347 @@
+//! `migdra serve` against a Kubernetes API server (the fake in tests/support until the real
+//! control plane lands): slices in the layout of the server's version, drift repair, claims read
+//! from the API, status written for slurm-bridge, bad claims, and an outage.
+
+#![allow(clippy::print_stdout)] // the outage test prints its convergence time
+
+mod support;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use migdra::claims::ClaimRef;
+use migdra::kube::slices::{self, Layout};
+use migdra::kubelet::client::{TestKubelet, Version};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::apiserver::{ApiServer, Options};
+
+const DRIVER: &str = "mig.slinky.slurm.net";
+const NODE: &str = "node-a";
+const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
+
+struct Daemon {
+    child: Child,
+    registration: PathBuf,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn kubelet(&mut self) -> TestKubelet {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::os::unix::net::UnixStream::connect(&self.registration).is_err() {
+            assert!(self.child.try_wait().unwrap().is_none(), "migdra serve exited:\n{}", self.log());
+            assert!(Instant::now() < deadline, "no registration socket:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        TestKubelet::register(&self.registration).await.unwrap_or_else(|e| panic!("{e}\n{}", self.log()))
+    }
+}
+
+fn migdra() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MIGDRA_") || k == "KUBECONFIG" || k == "NODE_NAME" || k == "POD_UID" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// Simulated GPUs, a Node object, and `migdra serve` pointed at the API server.
+fn start(api: &ApiServer, dir: &Path, extra: &[&str]) -> Daemon {
+    let state = dir.join("gpus.json");
+    if !state.exists() {
+        let out = migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(&state).output().unwrap();
+        assert!(out.status.success());
+        api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    }
+    let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos()));
+    let child = migdra()
+        .arg("serve")
+        .arg("--sim-state")
+        .arg(&state)
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig(dir))
+        .arg("--plugin-dir")
+        .arg(dir.join("plugin"))
+        .arg("--registry-dir")
+        .arg(dir.join("registry"))
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
+        .args(["--node-name", NODE, "--socket-check", "100ms"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Daemon { child, registration: dir.join("registry").join(format!("{DRIVER}-reg.sock")), log }
+}
+
+fn minors(dir: &Path) -> Vec<u64> {
+    let out = migdra().args(["layout", "-o", "json", "--sim-state"]).arg(dir.join("gpus.json")).output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap()).collect()
+}
+
+/// Our slices once the pool is complete (every slice of the newest generation is there).
+async fn published(api: &ApiServer, timeout: Duration) -> Vec<ResourceSlice> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let slices: Vec<ResourceSlice> =
+            api.list("resourceslices").into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+        let generation = slices.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+        let current: Vec<ResourceSlice> = slices.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
+        if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
+            return current;
+        }
+        assert!(Instant::now() < deadline, "no complete pool published");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn claim_object(uid: &str, name: &str, results: Value) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "devices": [{"driver": "nic.example.com", "pool": NODE, "device": "eth1"}]
+        }
+    })
+}
+
+fn claim(uid: &str, name: &str) -> ClaimRef {
+    ClaimRef { uid: uid.into(), namespace: "team-a".into(), name: name.into() }
+}
+
+fn ours(claim: &Value) -> Vec<Value> {
+    claim["status"]["devices"]
+        .as_array()
+        .map(|a| a.iter().filter(|d| d["driver"] == DRIVER).cloned().collect())
+        .unwrap_or_default()
+}
+
+async fn status_until(api: &ApiServer, name: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = api.get(&format!("resourceclaims/team-a/{name}")).expect("claim");
+        let o = ours(&c);
+        if f(&o) {
+            assert_eq!(
+                c["status"]["devices"].as_array().unwrap()[0]["driver"],
+                "nic.example.com",
+                "others' entries stay"
+            );
+            return o;
+        }
+        assert!(Instant::now() < deadline, "status never matched: {c}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The layout follows the server's version; the slices pass the API's validation rules, carry
+/// every partition with its counters, and are owned by the Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_follow_the_server_version() {
+    for (minor, layout) in [(36, Layout::Split), (34, Layout::Combined)] {
+        let api = ApiServer::start_with(Options { major: 1, minor, partitionable_devices: true }).await;
+        let dir = tempfile::tempdir().unwrap();
+        let _daemon = start(&api, dir.path(), &[]);
+        let slices = published(&api, Duration::from_secs(20)).await;
+        assert_eq!(slices::validate(&slices, layout), Vec::<String>::new(), "1.{minor}");
+        let devices: Vec<&str> =
+            slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).map(|d| d.name.as_str()).collect();
+        assert_eq!(devices.len(), 25 * 2 + 1, "every H100 partition and the whole A100");
+        let node_uid = api.get(&format!("nodes/{NODE}")).unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
+        for s in &slices {
+            let owner = &s.metadata.owner_references.as_ref().expect("owner")[0];
+            assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Node", node_uid.as_str()));
+            if layout == Layout::Split {
+                assert!(s.spec.devices.is_none() || s.spec.shared_counters.is_none());
+            }
+        }
+    }
+}
+
+/// The kubelet deletes a node's slices when it starts and people edit them: both are repaired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_or_edited_slices_are_repaired() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _daemon = start(&api, dir.path(), &[]);
+    let before = published(&api, Duration::from_secs(20)).await;
+    let name = before[0].metadata.name.clone().unwrap();
+    api.remove(&format!("resourceslices/{name}"));
+    let t = Instant::now();
+    let after = published(&api, Duration::from_secs(10)).await;
+    assert!(after.iter().any(|s| s.metadata.name.as_deref() == Some(name.as_str())));
+    println!("a deleted slice came back after {:?}", t.elapsed());
+    let mut edited = api.get(&format!("resourceslices/{name}")).unwrap();
+    edited["spec"]["devices"].as_array_mut().unwrap().truncate(1);
+    api.insert(edited);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s: ResourceSlice = serde_json::from_value(api.get(&format!("resourceslices/{name}")).unwrap()).unwrap();
+        if s.spec.devices.as_ref().map_or(0, Vec::len) > 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "an edited slice was not repaired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Prepare through gRPC with the API server as the claim source: the claim status carries the
+/// bridge's data; unprepare removes our entries and leaves other drivers' alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_writes_the_claim_status_for_the_bridge() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start(&api, dir.path(), &[]);
+    let kubelet = daemon.kubelet().await;
+    let minor = minors(dir.path())[1];
+    let device = format!("gpu-{minor}-mig-3g40gb-9-4");
+    let uid = "6e1c2f4a-0b7d-4c3e-8a91-1f2e3d4c5b6a";
+    api.insert(claim_object(uid, "nb", json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}])));
+    let out = kubelet.prepare(Version::V1, &[claim(uid, "nb")]).await.unwrap();
+    let devices = out[uid].as_ref().unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    assert_eq!(devices[0].device, device);
+    let status = status_until(&api, "nb", |o| !o.is_empty()).await;
+    let entry = &status[0];
+    assert_eq!(entry["device"], device);
+    assert_eq!(entry["pool"], NODE);
+    assert_eq!(entry["conditions"][0]["type"], "Ready");
+    assert_eq!(entry["conditions"][0]["status"], "True");
+    let data = &entry["data"];
+    assert!(data["migUUID"].as_str().unwrap().starts_with("MIG-"), "{data}");
+    assert_eq!(data["parentMinor"], minor);
+    assert_eq!(data["slurmGpuIndex"], 1);
+    assert_eq!(data["slurmShards"], 4);
+    assert_eq!(data["profile"], "3g.40gb");
+    assert_eq!(data["placement"], json!({"start": 4, "size": 4}));
+    assert!(data["gpuInstanceId"].is_u64() && data["computeInstanceId"].is_u64());
+    assert!(data["parentUUID"].as_str().unwrap().starts_with("GPU-"));
+    assert!(data["parentPCIBusID"].as_str().unwrap().contains(':'));
+
+    let errors = kubelet.unprepare(Version::V1, &[claim(uid, "nb")]).await.unwrap();
+    assert_eq!(errors[uid], "");
+    status_until(&api, "nb", <[Value]>::is_empty).await;
+}
+
+/// Bad claims fail alone, with a precise error; a failed prepare writes Ready=False so the
+/// bridge can release its Slurm reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_claims_fail_precisely_and_report_ready_false() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start(&api, dir.path(), &[]);
+    let kubelet = daemon.kubelet().await;
+    let minor = minors(dir.path())[0];
+    let other_node = "11111111-0000-4000-8000-000000000001";
+    api.insert(claim_object(
+        other_node,
+        "elsewhere",
+        json!([{"request": "gpu", "driver": DRIVER, "pool": "node-b", "device": format!("gpu-{minor}-mig-1g10gb-19-0")}]),
+    ));
+    let other_driver = "11111111-0000-4000-8000-000000000002";
+    api.insert(claim_object(
+        other_driver,
+        "nic-only",
+        json!([{"request": "gpu", "driver": "nic.example.com", "pool": NODE, "device": "eth0"}]),
+    ));
+    let deleted = "11111111-0000-4000-8000-000000000003";
+    let replaced = "11111111-0000-4000-8000-000000000004";
+    api.insert(claim_object("11111111-0000-4000-8000-000000000099", "replaced", json!([])));
+    let bad_placement = "11111111-0000-4000-8000-000000000005";
+    let bad_device = format!("gpu-{minor}-mig-3g40gb-9-2");
+    api.insert(claim_object(
+        bad_placement,
+        "bad-placement",
+        json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": bad_device}]),
+    ));
+    let out = kubelet
+        .prepare(
+            Version::V1,
+            &[
+                claim(other_node, "elsewhere"),
+                claim(other_driver, "nic-only"),
+                claim(deleted, "gone"),
+                claim(replaced, "replaced"),
+                claim(bad_placement, "bad-placement"),
+            ],
+        )
+        .await
+        .unwrap();
+    let err = |uid: &str| out[uid].clone().expect_err(uid);
+    assert!(err(other_node).contains("node-b"), "{}", err(other_node));
+    assert!(err(other_driver).contains("nic.example.com"), "{}", err(other_driver));
+    assert!(err(deleted).contains("not known"), "{}", err(deleted));
+    assert!(err(replaced).contains("re-created"), "{}", err(replaced));
+    assert!(err(bad_placement).contains("{0,4}:4"), "{}", err(bad_placement));
+    let status = status_until(&api, "bad-placement", |o| !o.is_empty()).await;
+    assert_eq!(status[0]["device"], bad_device);
+    assert_eq!(status[0]["conditions"][0]["status"], "False");
+    assert_eq!(status[0]["conditions"][0]["reason"], "PrepareFailed");
+    assert!(status[0]["conditions"][0]["message"].as_str().unwrap().contains("{0,4}:4"));
+    // Another node's device is that node's plugin's to report on.
+    assert!(ours(&api.get("resourceclaims/team-a/elsewhere").unwrap()).is_empty());
+    let layout =
+        migdra().args(["layout", "-o", "json", "--sim-state"]).arg(dir.path().join("gpus.json")).output().unwrap();
+    let v: Value = serde_json::from_slice(&layout.stdout).unwrap();
+    assert!(v["gpus"].as_array().unwrap().iter().all(|g| g["instances"].as_array().unwrap().is_empty()));
+}
+
+/// An API server that answers 500 for a minute: the daemon keeps serving what it can, and once
+/// the server is back, slices and claim status converge by themselves. Prints the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minute_long_outage_converges_by_itself() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start(&api, dir.path(), &[]);
+    let kubelet = daemon.kubelet().await;
+    let before = published(&api, Duration::from_secs(20)).await;
+    let minor = minors(dir.path())[0];
+    let uid = "22222222-0000-4000-8000-000000000001";
+    api.insert(claim_object(
+        uid,
+        "during",
+        json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": format!("gpu-{minor}-mig-2g20gb-14-0")}]),
+    ));
+
+    api.set_down(true);
+    let victim = before[0].metadata.name.clone().unwrap();
+    api.remove(&format!("resourceslices/{victim}"));
+    let during = kubelet.prepare(Version::V1, &[claim(uid, "during")]).await.unwrap();
+    assert!(during[uid].is_err(), "no claim can be read while the server is down");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    api.set_down(false);
+    let back = Instant::now();
+
+    // The kubelet retries; the slice comes back; the status is written.
+    let prepared = loop {
+        let out = kubelet.prepare(Version::V1, &[claim(uid, "during")]).await.unwrap();
+        if let Ok(d) = &out[uid] {
+            break d.clone();
+        }
+        assert!(back.elapsed() < Duration::from_secs(60), "{:?}\n{}", out[uid], daemon.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(prepared.len(), 1);
+    let slices = published(&api, Duration::from_secs(60)).await;
+    assert!(slices.iter().any(|s| s.metadata.name.as_deref() == Some(victim.as_str())));
+    status_until(&api, "during", |o| !o.is_empty()).await;
+    println!("after a 60 s outage (500 on every request): converged {:?} after the server came back", back.elapsed());
+}
