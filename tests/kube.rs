@@ -296,6 +296,10 @@ async fn bad_claims_fail_precisely_and_report_ready_false() {
     assert_eq!(status[0]["conditions"][0]["status"], "False");
     assert_eq!(status[0]["conditions"][0]["reason"], "PrepareFailed");
     assert!(status[0]["conditions"][0]["message"].as_str().unwrap().contains("{0,4}:4"));
+    let events = api.list("/api/v1/namespaces/team-a/events");
+    let event =
+        events.iter().find(|e| e["involvedObject"]["name"] == "bad-placement").expect("a Warning event on the claim");
+    assert_eq!((event["type"].as_str(), event["reason"].as_str()), (Some("Warning"), Some("PrepareFailed")));
     // Another node's device is that node's plugin's to report on.
     assert!(ours(&api.get("resourceclaims/team-a/elsewhere").unwrap()).is_empty());
     let layout =
@@ -344,4 +348,32 @@ async fn a_minute_long_outage_converges_by_itself() {
     assert!(slices.iter().any(|s| s.metadata.name.as_deref() == Some(victim.as_str())));
     status_until(&api, "during", |o| !o.is_empty()).await;
     println!("after a 60 s outage (500 on every request): converged {:?} after the server came back", back.elapsed());
+}
+
+/// Publishing problems show on the Node as a Warning event, and clear up by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_problems_are_reported_on_the_node() {
+    use support::apiserver::{Fault, FaultKind};
+    let api = ApiServer::start().await;
+    api.fault(Fault {
+        method: Some(hyper::Method::POST),
+        path_contains: "resourceslices".into(),
+        kind: FaultKind::Status(500),
+        times: None,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&api, dir.path(), &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let event = loop {
+        let events = api.list("/api/v1/namespaces/default/events");
+        if let Some(e) = events.into_iter().find(|e| e["involvedObject"]["kind"] == "Node") {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no event on the Node:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(event["reason"], "PublishFailed");
+    assert_eq!(event["involvedObject"]["name"], NODE);
+    api.clear_faults();
+    published(&api, Duration::from_secs(40)).await;
 }

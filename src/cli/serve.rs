@@ -122,8 +122,9 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 let handle = tokio::runtime::Handle::current();
                 let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaimSource::new(client.clone(), handle.clone()));
                 let writer = StatusWriter::new(client.clone(), &global.node.driver_name, &engine.options().pool);
-                let reporter = Arc::new(StatusReporter::new(writer, handle));
-                let p = Publisher::new(client, engine.clone(), layout);
+                let events = crate::kube::events::Recorder::new(client.clone(), &engine.options().pool);
+                let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
+                let p = Publisher::new(client, engine.clone(), layout).with_events(events);
                 let mut rx = stop_rx.clone();
                 publisher = Some(tokio::spawn(p.run(async move {
                     let _ = rx.wait_for(|s| *s).await;

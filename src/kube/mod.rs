@@ -7,8 +7,10 @@
 //! - [`publisher`]: publishes the slices and repairs drift.
 //! - [`claims`]: the claim source backed by the API server.
 //! - [`status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
+//! - [`events`]: Warning events on failed claims and on the Node.
 
 pub mod claims;
+pub mod events;
 pub mod inventory;
 pub mod publisher;
 pub mod slices;

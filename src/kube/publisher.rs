@@ -50,6 +50,7 @@ pub struct Publisher {
     /// `None`: from the API server's version.
     choice: Option<Layout>,
     resync: Duration,
+    events: Option<super::events::Recorder>,
 }
 
 impl Publisher {
@@ -62,7 +63,14 @@ impl Publisher {
             engine,
             choice,
             resync: Duration::from_secs(30),
+            events: None,
         }
+    }
+
+    /// Also post a Warning event on the Node when publishing fails.
+    pub fn with_events(mut self, events: super::events::Recorder) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// How often everything is compared even without a watch event.
@@ -189,6 +197,9 @@ impl Publisher {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?wait, "publishing ResourceSlices failed");
+                    if let Some(events) = &self.events {
+                        events.node_warning("PublishFailed", &format!("publishing ResourceSlices failed: {e}")).await;
+                    }
                     tokio::select! {
                         () = &mut shutdown => return,
                         () = tokio::time::sleep(wait) => {}

@@ -143,6 +143,7 @@ impl StatusWriter {
 /// goes on in the background with a longer one, so the kubelet's call never waits for it.
 pub struct StatusReporter {
     writer: StatusWriter,
+    events: Option<super::events::Recorder>,
     runtime: tokio::runtime::Handle,
     /// How long the kubelet's call waits for the write.
     inline: Duration,
@@ -150,7 +151,13 @@ pub struct StatusReporter {
 
 impl StatusReporter {
     pub fn new(writer: StatusWriter, runtime: tokio::runtime::Handle) -> Self {
-        Self { writer, runtime, inline: Duration::from_secs(5) }
+        Self { writer, runtime, events: None, inline: Duration::from_secs(5) }
+    }
+
+    /// Also post a Warning event on each claim whose prepare fails.
+    pub fn with_events(mut self, events: super::events::Recorder) -> Self {
+        self.events = Some(events);
+        self
     }
 
     fn report(&self, claim: &ClaimRef, outcome: Outcome<'_>, owned: impl FnOnce() -> OwnedOutcome) {
@@ -194,6 +201,9 @@ impl crate::prepare::Reporter for StatusReporter {
 
     fn failed(&self, claim: &ClaimRef, error: &str) {
         self.report(claim, Outcome::Failed(error), || OwnedOutcome::Failed(error.to_string()));
+        if let Some(events) = &self.events {
+            self.runtime.block_on(events.claim_failed(&claim.namespace, &claim.name, &claim.uid, error));
+        }
     }
 
     fn unprepared(&self, claim: &ClaimRef) {
