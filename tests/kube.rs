@@ -377,3 +377,44 @@ async fn publishing_problems_are_reported_on_the_node() {
     api.clear_faults();
     published(&api, Duration::from_secs(40)).await;
 }
+
+/// One changed slice is updated in place under the same pool generation (the pool never looks
+/// incomplete); a change spanning slices bumps the generation; nothing changed writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_changed_slice_keeps_the_generation() {
+    use migdra::gpu::GpuBackend;
+    use migdra::gpu::sim::{SimBackend, SimSpec};
+    use migdra::kube::publisher::Publisher;
+    use migdra::prepare::{Engine, Options as EngineOptions};
+    use std::sync::Arc;
+    let api = ApiServer::start().await;
+    api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Arc::new(SimBackend::in_memory(&SimSpec::parse("h100-80gb:4").unwrap()));
+    let opts = EngineOptions::new(DRIVER, NODE, dir.path().join("state"), dir.path().join("cdi"));
+    let engine = Arc::new(Engine::new(sim.clone(), opts).unwrap());
+    let publisher = Publisher::new(api.client(), engine, Some(Layout::Split));
+    let first = publisher.publish().await.unwrap();
+    assert_eq!((first.generation, first.created), (1, 3), "2 device slices of 2 GPUs and 1 counter slice");
+    let again = publisher.publish().await.unwrap();
+    assert_eq!((again.created, again.updated, again.deleted), (0, 0, 0));
+
+    // An instance appears on GPU 0: its device now carries a UUID; only the first slice changes.
+    let gpus = sim.gpus().unwrap();
+    let gi = sim.create_gpu_instance(&gpus[0].uuid, 9, 0).unwrap();
+    sim.create_compute_instance(&gpus[0].uuid, gi.id, 2).unwrap();
+    let one = publisher.publish().await.unwrap();
+    assert_eq!((one.updated, one.generation), (1, 1), "updated in place, same generation");
+
+    // Instances on GPUs of both device slices: the generation moves.
+    for g in [&gpus[1], &gpus[3]] {
+        let gi = sim.create_gpu_instance(&g.uuid, 19, 0).unwrap();
+        sim.create_compute_instance(&g.uuid, gi.id, 0).unwrap();
+    }
+    let two = publisher.publish().await.unwrap();
+    assert_eq!(two.generation, 2);
+    let slices: Vec<ResourceSlice> =
+        api.list("resourceslices").into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+    assert!(slices.iter().all(|s| s.spec.pool.generation == 2 && s.spec.pool.resource_slice_count == 3));
+    assert_eq!(slices::validate(&slices, Layout::Split), Vec::<String>::new());
+}
