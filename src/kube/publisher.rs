@@ -42,6 +42,9 @@ pub struct Published {
     pub unchanged: usize,
 }
 
+/// Longest wait between two failed publishes: short, so the pool is back soon after an outage.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
 pub struct Publisher {
     client: Client,
     engine: Arc<Engine>,
@@ -204,7 +207,7 @@ impl Publisher {
                         () = &mut shutdown => return,
                         () = tokio::time::sleep(wait) => {}
                     }
-                    wait = (wait * 2).min(Duration::from_secs(30));
+                    wait = (wait * 2).min(MAX_BACKOFF);
                     continue;
                 }
             }
