@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds the control plane the end-to-end tests run against: kube-apiserver, kube-scheduler,
+# kube-controller-manager and etcd, from the Go modules pinned in hack/controlplane/go.mod and
+# hack/etcd/go.mod (with their go.sum). Nothing of their code is in this repo: the go command
+# fetches it from the module proxy into its module cache.
+#
+# The binaries go to a cache outside the repo:
+#   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/controlplane-<k8s version>-etcd-<etcd version>/bin/
+# When all of them are there the build is skipped, so a second run takes a moment.
+# The last line printed is that bin directory; everything else goes to stderr, so
+#   bin=$(hack/build-controlplane.sh)
+# works.
+#
+# Usage: hack/build-controlplane.sh [CONTROLPLANE_MODULE_DIR [COMPONENT...]]
+#   CONTROLPLANE_MODULE_DIR defaults to hack/controlplane; another dir of the same shape
+#   (a go.mod requiring k8s.io/kubernetes with its staging replaces) builds another version,
+#   e.g. hack/controlplane-1.34.
+#   COMPONENTS default to all four: kube-apiserver kube-scheduler kube-controller-manager etcd;
+#   name fewer to build (and wait for) only those, e.g. `hack/controlplane-1.34 kube-apiserver`.
+# Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
+# GOMODCACHE, which are outside the repo by default.
+set -euo pipefail
+
+hack=$(cd "$(dirname "$0")" && pwd)
+kube_mod=$(cd "${1:-$hack/controlplane}" && pwd)
+etcd_mod=$hack/etcd
+
+die() { echo "build-controlplane: $*" >&2; exit 1; }
+log() { echo "build-controlplane: $*" >&2; }
+
+command -v go >/dev/null || die "go is not on PATH; the control plane is built from Go modules (needs Go >= 1.26)"
+
+# The one place each version is written is its go.mod.
+pinned() { # pinned GO_MOD MODULE -> version on the line 'require MODULE vX'
+	awk -v m="$2" '$1 == "require" && $2 == m { print $3; exit }' "$1"
+}
+kube_version=$(pinned "$kube_mod/go.mod" k8s.io/kubernetes)
+etcd_version=$(pinned "$etcd_mod/go.mod" go.etcd.io/etcd/server/v3)
+[[ -n $kube_version ]] || die "no 'require k8s.io/kubernetes vX' line in $kube_mod/go.mod"
+[[ -n $etcd_version ]] || die "no 'require go.etcd.io/etcd/server/v3 vX' line in $etcd_mod/go.mod"
+
+cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
+bin=$cache/controlplane-$kube_version-etcd-$etcd_version/bin
+all=(kube-apiserver kube-scheduler kube-controller-manager etcd)
+components=("${@:2}")
+[[ ${#components[@]} -gt 0 ]] || components=("${all[@]}")
+for c in "${components[@]}"; do
+	[[ " ${all[*]} " == *" $c "* ]] || die "unknown component '$c' (known: ${all[*]})"
+done
+wanted() { [[ " ${components[*]} " == *" $1 "* ]]; }
+
+all_there() {
+	local c
+	for c in "${components[@]}"; do [[ -x $bin/$c ]] || return 1; done
+}
+
+if all_there; then
+	log "${components[*]}: already in $bin"
+	echo "$bin"
+	exit 0
+fi
+
+mkdir -p "$bin"
+# Two runs at once (say a test run and CI) must not both build into the same place.
+if command -v flock >/dev/null; then
+	exec 9>"$bin/.lock"
+	flock 9
+	if all_there; then
+		log "${components[*]}: already in $bin (built by another run)"
+		echo "$bin"
+		exit 0
+	fi
+fi
+
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+export CGO_ENABLED=0
+# -mod=readonly: build exactly what go.mod and go.sum pin; fail rather than re-resolve.
+# -buildvcs=false: do not stamp this repo's git state into their binaries.
+export GOFLAGS="-mod=readonly -buildvcs=false"
+log "go: $(go version); GOTOOLCHAIN=$GOTOOLCHAIN"
+
+# Version stamps as Kubernetes' own build sets them (hack/lib/version.sh), so that --version and
+# /version say v1.x.y rather than v0.0.0-master. buildDate is the release's time in the proxy.
+kube_minor=${kube_version#v1.}
+kube_minor=${kube_minor%%.*}
+kube_date=$(cd "$kube_mod" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes) ||
+	die "go list -m k8s.io/kubernetes failed in $kube_mod (module proxy unreachable?)"
+kube_ldflags="-s -w"
+for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+	kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$kube_minor"
+	kube_ldflags+=" -X $pkg.gitTreeState=clean${kube_date:+ -X $pkg.buildDate=$kube_date}"
+done
+etcd_ldflags="-s -w"
+
+build() { # build NAME MODULE_DIR PACKAGE LDFLAGS
+	local name=$1 dir=$2 pkg=$3 ldflags=$4 start tmp
+	wanted "$name" || return 0
+	if [[ -x $bin/$name ]]; then
+		log "$name: already built"
+		return
+	fi
+	log "$name: building $pkg in ${dir#"$hack/"} ..."
+	start=$SECONDS
+	tmp=$bin/.$name.tmp
+	if ! (cd "$dir" && go build -trimpath -ldflags="$ldflags" -o "$tmp" "$pkg"); then
+		rm -f "$tmp"
+		die "$name: 'go build $pkg' in $dir failed (see the errors above)"
+	fi
+	"$tmp" --version >/dev/null 2>&1 || { rm -f "$tmp"; die "$name: built, but '$name --version' fails"; }
+	mv "$tmp" "$bin/$name"
+	log "$name: built in $((SECONDS - start))s, $(du -h "$bin/$name" | cut -f1)"
+}
+
+total=$SECONDS
+build kube-apiserver "$kube_mod" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
+build kube-scheduler "$kube_mod" k8s.io/kubernetes/cmd/kube-scheduler "$kube_ldflags"
+build kube-controller-manager "$kube_mod" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
+build etcd "$etcd_mod" go.etcd.io/etcd/server/v3 "$etcd_ldflags"
+log "${components[*]} ($kube_version, etcd $etcd_version) ready in $((SECONDS - total))s"
+echo "$bin"
