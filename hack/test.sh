@@ -5,6 +5,13 @@
 # ends with one summary line over all test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# tests/controlplane.rs runs a real control plane (etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager). Build it from its pinned Go modules when the binaries are missing; the
+# build is cached outside the repo and prints the bin directory as its last line.
+if [[ -z ${MIGDRA_CONTROLPLANE_BIN:-} ]]; then
+  MIGDRA_CONTROLPLANE_BIN=$(bash hack/build-controlplane.sh | tail -n 1)
+  export MIGDRA_CONTROLPLANE_BIN
+fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --locked --lib --bins --tests -- --show-output 2>&1 | tee "$log"

@@ -223,7 +223,12 @@ pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
 /// A counter amount as a quantity: `memory` in MiB (`81152Mi`, like the `memory` capacity),
 /// every other counter a plain count.
 pub fn counter_quantity(name: &str, value: u64) -> Quantity {
-    if name == counters::MEMORY { Quantity(format!("{value}Mi")) } else { Quantity(value.to_string()) }
+    let q = if name == counters::MEMORY {
+        crate::mig::devices::Quantity::MiB(value)
+    } else {
+        crate::mig::devices::Quantity::Count(value)
+    };
+    Quantity(q.to_string())
 }
 
 fn counter_map(c: &Counters) -> BTreeMap<String, api::Counter> {

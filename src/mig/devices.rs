@@ -69,11 +69,29 @@ pub enum Quantity {
     MiB(u64),
 }
 
+/// The API server stores quantities in canonical form (`40960Mi` becomes `40Gi`, `1000` becomes
+/// `1k`); writing that form ourselves means a read-back equals what we published, so the
+/// publisher sees no false drift.
 impl std::fmt::Display for Quantity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Count(n) => write!(f, "{n}"),
-            Self::MiB(n) => write!(f, "{n}Mi"),
+        match *self {
+            Self::Count(0) | Self::MiB(0) => write!(f, "0"),
+            Self::Count(n) => {
+                let (mut n, mut unit) = (n, 0);
+                while n % 1000 == 0 && unit < 6 {
+                    n /= 1000;
+                    unit += 1;
+                }
+                write!(f, "{n}{}", ["", "k", "M", "G", "T", "P", "E"][unit])
+            }
+            Self::MiB(n) => {
+                let (mut n, mut unit) = (n, 0);
+                while n % 1024 == 0 && unit < 4 {
+                    n /= 1024;
+                    unit += 1;
+                }
+                write!(f, "{n}{}", ["Mi", "Gi", "Ti", "Pi", "Ei"][unit])
+            }
         }
     }
 }
@@ -324,6 +342,26 @@ mod tests {
         assert_eq!(devices[0].name, "gpu-3-mig-1g10gb-19-6");
         assert_eq!(devices[0].attributes["uuid"], AttributeValue::String("MIG-a".into()));
         assert_eq!(devices[0].attributes["slurmShards"], AttributeValue::Int(1));
+    }
+
+    #[test]
+    fn quantities_are_written_in_the_api_servers_canonical_form() {
+        // Pairs from apimachinery v0.36.3's canonicalisation.
+        for (q, want) in [
+            (Quantity::MiB(40960), "40Gi"),
+            (Quantity::MiB(1024), "1Gi"),
+            (Quantity::MiB(1_048_576), "1Ti"),
+            (Quantity::MiB(81152), "81152Mi"),
+            (Quantity::MiB(9856), "9856Mi"),
+            (Quantity::MiB(0), "0"),
+            (Quantity::Count(1000), "1k"),
+            (Quantity::Count(2000), "2k"),
+            (Quantity::Count(1500), "1500"),
+            (Quantity::Count(132), "132"),
+            (Quantity::Count(0), "0"),
+        ] {
+            assert_eq!(q.to_string(), want);
+        }
     }
 
     #[test]

@@ -1,0 +1,1028 @@
+//! `migdra serve` against a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
+//! kube-controller-manager, built by `hack/build-controlplane.sh`), on simulated GPUs, with the
+//! test kubelet over migdra's real sockets standing in for the kubelet that no node runs here.
+//!
+//! - The slices are accepted as published, in the layout of the server's version (split from
+//!   1.35, combined before), with every counter intact.
+//! - The real scheduler allocates pods' claims (from the ResourceClaimTemplates in daemonset/, and
+//!   a claim named directly); the test kubelet prepares each bound pod's claims; every
+//!   allocation is created at the allocated placement, no two overlap, and the claim status
+//!   carries the MIG UUID and the Slurm index.
+//! - Churn: every "unschedulable" is checked against the counter model and NVML's rules, and the
+//!   placements are counted next to a best-placement baseline.
+//!
+//! Run alone: `cargo test --test controlplane -- --nocapture`.
+
+#![allow(clippy::print_stdout)] // the tests report versions and figures
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use migdra::claims::ClaimRef;
+use migdra::kube::slices::{self, Layout};
+use migdra::kubelet::client::{TestKubelet, Version};
+use migdra::mig::catalog::{self, GpuModel};
+use migdra::mig::counters::{self, Counters};
+use migdra::mig::naming::DeviceName;
+use migdra::mig::rules::{self, Placed};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::controlplane::ControlPlane;
+
+const DRIVER: &str = "mig.slinky.slurm.net";
+const NODE: &str = "node-a";
+const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
+const NS: &str = "team-a";
+/// The profiles the claim templates offer, and the template name of each.
+const TEMPLATES: [(&str, &str); 6] = [
+    ("1g.10gb", "mig-1g-10gb"),
+    ("2g.20gb", "mig-2g-20gb"),
+    ("3g.40gb", "mig-3g-40gb"),
+    ("4g.40gb", "mig-4g-40gb"),
+    ("7g.80gb", "mig-7g-80gb"),
+    (WHOLE, "gpu-whole"),
+];
+/// A whole GPU (MIG off), in place of a profile.
+const WHOLE: &str = "gpu";
+
+/// One control plane at a time: two on two cores would only slow each other down.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A command with none of the caller's migdra settings.
+fn migdra() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MIGDRA_") || k == "KUBECONFIG" || k == "NODE_NAME" || k == "POD_UID" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A running `migdra serve`, killed when dropped.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A GPU of the simulated node, as `migdra layout -o json` shows it.
+struct Gpu {
+    minor: u32,
+    model: &'static GpuModel,
+    mig: bool,
+    /// Device name → MIG UUID of every instance.
+    instances: BTreeMap<String, String>,
+}
+
+/// What the scheduler did with a pod.
+enum Outcome {
+    Bound,
+    Unschedulable(String),
+}
+
+/// The control plane, the node's simulated GPUs, `migdra serve` and the test kubelet. Fields
+/// drop in this order: the daemon goes before the control plane, the files last.
+struct Cluster {
+    kubelet: TestKubelet,
+    daemon: Daemon,
+    client: kube::Client,
+    cp: ControlPlane,
+    node_dir: tempfile::TempDir,
+    /// Device → its `slurmGpuIndex` attribute, as published.
+    slurm_index: BTreeMap<String, i64>,
+    /// The slice layout for the API server's version.
+    layout: Layout,
+}
+
+impl Cluster {
+    /// Start everything: control plane, Node, namespace, the manifests from daemonset/, simulated
+    /// GPUs, `migdra serve`, registration; waits for a complete pool.
+    async fn start() -> Self {
+        let cp = ControlPlane::start().await;
+        println!("control plane: {} (started in {:.1?})", cp.versions, cp.startup);
+        let client = cp.client().await;
+        let version = client.apiserver_version().await.unwrap();
+        let num = |s: &str| s.trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>().unwrap();
+        let layout = slices::layout_for(num(&version.major), num(&version.minor));
+        create_node(&client).await;
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+        for file in ["daemonset/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
+            apply(&client, &repo().join(file)).await;
+        }
+
+        let node_dir = tempfile::Builder::new().prefix("migdra-node-").tempdir().unwrap();
+        let d = node_dir.path();
+        let out = migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(d.join("gpus.json")).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let log = d.join("daemon.log");
+        let child = migdra()
+            .arg("serve")
+            .arg("--sim-state")
+            .arg(d.join("gpus.json"))
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig())
+            .arg("--plugin-dir")
+            .arg(d.join("plugin"))
+            .arg("--registry-dir")
+            .arg(d.join("registry"))
+            .arg("--cdi-dir")
+            .arg(d.join("cdi"))
+            .args(["--node-name", NODE, "--socket-check", "100ms"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut daemon = Daemon { child, log };
+        let registration = d.join("registry").join(format!("{DRIVER}-reg.sock"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&registration).is_err() {
+            assert!(daemon.child.try_wait().unwrap().is_none(), "migdra serve exited:\n{}", daemon.log());
+            assert!(Instant::now() < deadline, "no registration socket:\n{}", daemon.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let kubelet = TestKubelet::register(&registration).await.unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+        let mut cluster = Self { kubelet, daemon, client, cp, node_dir, slurm_index: BTreeMap::new(), layout };
+        let published = cluster.published(Duration::from_secs(60)).await;
+        for d in published.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+            let index = d.attributes.as_ref().and_then(|a| a.get("slurmGpuIndex")).and_then(|a| a.int);
+            cluster.slurm_index.insert(d.name.clone(), index.expect("every device carries slurmGpuIndex"));
+        }
+        cluster
+    }
+
+    fn diagnostics(&self) -> String {
+        format!("--- migdra serve:\n{}\n{}", tail(&self.daemon.log(), 40), self.cp.logs())
+    }
+
+    /// Our slices once the pool is complete (every slice of the newest generation is there).
+    async fn published(&self, timeout: Duration) -> Vec<ResourceSlice> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let params = ListParams::default().labels(&format!("{}={NODE}", slices::node_label(DRIVER)));
+        let deadline = Instant::now() + timeout;
+        loop {
+            let all = api.list(&params).await.unwrap().items;
+            let generation = all.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+            let current: Vec<ResourceSlice> =
+                all.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
+            if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
+                return current;
+            }
+            assert!(Instant::now() < deadline, "no complete pool published\n{}", self.diagnostics());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn gpus(&self) -> Vec<Gpu> {
+        let out = migdra()
+            .args(["layout", "-o", "json", "--sim-state"])
+            .arg(self.node_dir.path().join("gpus.json"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| Gpu {
+                minor: g["minor"].as_u64().unwrap() as u32,
+                model: catalog::model(g["model"].as_str().unwrap()).unwrap(),
+                mig: g["mig_enabled"].as_bool().unwrap(),
+                instances: g["instances"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| {
+                        let uuid = i["compute_instances"][0]["uuid"].as_str().unwrap_or_default();
+                        (i["device"].as_str().unwrap().to_string(), uuid.to_string())
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    /// Every device of ours allocated to a claim in the namespace: (claim, device).
+    async fn allocations(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for c in self.claims().list(&ListParams::default()).await.unwrap() {
+            for device in allocated(&c) {
+                out.push((c.metadata.name.clone().unwrap(), device));
+            }
+        }
+        out
+    }
+
+    /// A pod using one claim: from the template for `profile`, or the claim `claim` by name.
+    async fn create_pod(&self, name: &str, profile: &str, claim: Option<&str>) {
+        let source = match claim {
+            Some(c) => json!({"name": "gpu", "resourceClaimName": c}),
+            None => json!({"name": "gpu", "resourceClaimTemplateName": template(profile)}),
+        };
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS, "labels": {"profile": profile.replace('.', "-")}},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": false,
+                "resourceClaims": [source],
+                "containers": [{
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]}
+                }]
+            }
+        }))
+        .unwrap();
+        self.pods().create(&PostParams::default(), &pod).await.unwrap();
+    }
+
+    /// Wait until the scheduler binds the pod or calls it unschedulable.
+    async fn outcome(&self, name: &str, timeout: Duration) -> Outcome {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let pod = self.pods().get(name).await.unwrap();
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                return Outcome::Bound;
+            }
+            let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+                cs.iter().find(|c| {
+                    c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+                })
+            });
+            if let Some(c) = unschedulable {
+                return Outcome::Unschedulable(c.message.clone().unwrap_or_default());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} neither bound nor unschedulable: {:?}\n{}",
+                pod.status,
+                self.diagnostics()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The claims a pod uses: spec.resourceClaims, named directly or generated from a template.
+    async fn pod_claims(&self, name: &str) -> Vec<ResourceClaim> {
+        let pod = self.pods().get(name).await.unwrap();
+        let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.clone()).unwrap_or_default();
+        let mut out = Vec::new();
+        for rc in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
+            let claim_name = rc
+                .resource_claim_name
+                .clone()
+                .or_else(|| statuses.iter().find(|s| s.name == rc.name).and_then(|s| s.resource_claim_name.clone()));
+            let claim_name = claim_name.unwrap_or_else(|| panic!("pod {name}: no claim for {}", rc.name));
+            out.push(self.claims().get(&claim_name).await.unwrap());
+        }
+        out
+    }
+
+    /// Act as the kubelet for a bound pod: NodePrepareResources with each claim's (namespace,
+    /// name, UID); then check the hardware, the claim status and that nothing overlaps.
+    /// Returns the devices prepared.
+    async fn prepare(&self, pod: &str) -> Vec<String> {
+        let pod_uid = self.pods().get(pod).await.unwrap().metadata.uid.unwrap();
+        let claims = self.pod_claims(pod).await;
+        let mut refs = Vec::new();
+        let mut want = BTreeMap::new();
+        for c in &claims {
+            let reserved = c.status.as_ref().and_then(|s| s.reserved_for.clone()).unwrap_or_default();
+            assert!(reserved.iter().any(|r| r.uid == pod_uid), "claim {:?} is not reserved for {pod}", c.metadata.name);
+            let devices = allocated(c);
+            assert_eq!(devices.len(), 1, "claim {:?}: {:?}", c.metadata.name, c.status);
+            let r = claim_ref(c);
+            want.insert(r.uid.clone(), devices[0].clone());
+            refs.push(r);
+        }
+        let out = self.kubelet.prepare(Version::V1, &refs).await.unwrap();
+        let gpus = self.gpus();
+        for r in &refs {
+            let device = &want[&r.uid];
+            let got = out[&r.uid]
+                .as_ref()
+                .unwrap_or_else(|e| panic!("prepare {pod}/{}: {e}\n{}", r.name, self.diagnostics()));
+            assert_eq!(got.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), [device.as_str()], "{pod}");
+            // Created at exactly the allocated placement (or, for a whole GPU, nothing to create).
+            let name = DeviceName::parse(device).unwrap();
+            let gpu = gpus.iter().find(|g| g.minor == name.minor()).expect("the allocated GPU exists");
+            let mig_uuid = match name {
+                DeviceName::Mig { .. } => {
+                    let uuid = gpu.instances.get(device).unwrap_or_else(|| {
+                        panic!("{device} allocated to {pod} but not created; GPU has {:?}", gpu.instances)
+                    });
+                    assert!(uuid.starts_with("MIG-"), "{uuid}");
+                    Some(uuid.clone())
+                }
+                DeviceName::Gpu { .. } => {
+                    assert!(!gpu.mig && gpu.instances.is_empty(), "whole GPU {device} has MIG instances");
+                    None
+                }
+            };
+            self.assert_status(r, device, mig_uuid.as_deref()).await;
+        }
+        self.assert_no_overlap(&gpus).await;
+        want.into_values().collect()
+    }
+
+    /// Our `status.devices` entry: Ready=True with the MIG UUID and the Slurm index.
+    async fn assert_status(&self, r: &ClaimRef, device: &str, mig_uuid: Option<&str>) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let c = self.claims().get(&r.name).await.unwrap();
+            let entry = ours(&c).into_iter().find(|d| d["device"] == device);
+            if let Some(e) = entry {
+                let condition = &e["conditions"][0];
+                assert_eq!(
+                    (condition["type"].as_str(), condition["status"].as_str()),
+                    (Some("Ready"), Some("True")),
+                    "{e}"
+                );
+                assert_eq!(e["pool"], NODE);
+                let data = &e["data"];
+                assert_eq!(data["migUUID"].as_str(), mig_uuid, "{data}");
+                assert_eq!(data["slurmGpuIndex"].as_i64(), Some(self.slurm_index[device]), "{data}");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no status for {device} on claim {}: {:?}\n{}",
+                r.name,
+                c.status,
+                self.diagnostics()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// No device is allocated twice, every GPU's allocations fit NVML's rules and the counters
+    /// together, and every MIG instance on the hardware belongs to an allocation.
+    async fn assert_no_overlap(&self, gpus: &[Gpu]) {
+        let allocations = self.allocations().await;
+        let mut seen = BTreeSet::new();
+        for (claim, device) in &allocations {
+            assert!(seen.insert(device.clone()), "{device} allocated twice (again to {claim}): {allocations:?}");
+        }
+        for gpu in gpus.iter().filter(|g| g.mig) {
+            let placed = placed_on(gpu.minor, allocations.iter().map(|(_, d)| d.as_str()));
+            if let Err(e) = rules::admits_set(gpu.model, &placed) {
+                panic!("allocations on GPU minor {} overlap: {e}; {allocations:?}", gpu.minor);
+            }
+            let used: Vec<Counters> = placed.iter().map(|p| consumption(gpu.model, *p)).collect();
+            assert!(counters::fits(&counters::capacity(gpu.model), &used), "counters over capacity: {allocations:?}");
+            for device in gpu.instances.keys() {
+                assert!(seen.contains(device), "instance {device} on the hardware has no allocation");
+            }
+        }
+    }
+
+    /// Act as the kubelet when a pod ends: NodeUnprepareResources for its claims; the instances
+    /// go and so do our status entries. Then delete the pod and wait until its claims are
+    /// deallocated or gone.
+    async fn finish(&self, pod: &str, prepared: bool) {
+        let claims = self.pod_claims(pod).await;
+        let refs: Vec<ClaimRef> = claims.iter().map(claim_ref).collect();
+        if prepared {
+            let out = self.kubelet.unprepare(Version::V1, &refs).await.unwrap();
+            for r in &refs {
+                assert_eq!(out[&r.uid], "", "unprepare {pod}/{}", r.name);
+            }
+            let gpus = self.gpus();
+            for c in &claims {
+                for device in allocated(c) {
+                    assert!(
+                        gpus.iter().all(|g| !g.instances.contains_key(&device)),
+                        "{device} still exists after unprepare"
+                    );
+                }
+                let now = self.claims().get(c.metadata.name.as_ref().unwrap()).await.unwrap();
+                assert!(ours(&now).is_empty(), "our status entries stay after unprepare: {:?}", now.status);
+            }
+        }
+        self.pods().delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for r in &refs {
+            loop {
+                match self.claims().get_opt(&r.name).await.unwrap() {
+                    None => break,
+                    Some(c) if c.metadata.uid.as_deref() != Some(r.uid.as_str()) => break,
+                    Some(c) if allocated(&c).is_empty() => break,
+                    Some(c) => assert!(
+                        Instant::now() < deadline,
+                        "claim {} of deleted pod {pod} stays allocated: {:?}\n{}",
+                        r.name,
+                        c.status,
+                        self.diagnostics()
+                    ),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// The scheduler says `profile` does not fit: check it against the counter model and NVML's
+    /// rules over what is allocated now. `Some(device)` where it would have fit.
+    async fn fits_now(&self, profile: &str) -> Option<String> {
+        let allocations = self.allocations().await;
+        first_fit(&self.gpus(), allocations.iter().map(|(_, d)| d.as_str()), profile)
+    }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn template(profile: &str) -> &'static str {
+    TEMPLATES.iter().find(|(p, _)| *p == profile).map(|(_, t)| *t).expect("a template for the profile")
+}
+
+fn claim_ref(c: &ResourceClaim) -> ClaimRef {
+    ClaimRef {
+        uid: c.metadata.uid.clone().unwrap(),
+        namespace: c.metadata.namespace.clone().unwrap(),
+        name: c.metadata.name.clone().unwrap(),
+    }
+}
+
+/// Our devices in a claim's allocation.
+fn allocated(c: &ResourceClaim) -> Vec<String> {
+    c.status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .map(|rs| rs.iter().filter(|r| r.driver == DRIVER && r.pool == NODE).map(|r| r.device.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Our entries of a claim's `status.devices`, as JSON.
+fn ours(c: &ResourceClaim) -> Vec<Value> {
+    let devices = c.status.as_ref().and_then(|s| s.devices.clone()).unwrap_or_default();
+    devices.into_iter().filter(|d| d.driver == DRIVER).map(|d| serde_json::to_value(d).unwrap()).collect()
+}
+
+fn consumption(model: &GpuModel, p: Placed) -> Counters {
+    counters::mig_consumption(model.profile(p.profile_id).unwrap(), p.start)
+}
+
+/// The MIG partitions among `devices` on the GPU with this minor.
+fn placed_on<'a>(minor: u32, devices: impl IntoIterator<Item = &'a str>) -> Vec<Placed> {
+    devices
+        .into_iter()
+        .filter_map(|d| match DeviceName::parse(d).ok()? {
+            DeviceName::Mig { parent_minor, profile_id, start, .. } if parent_minor == minor => {
+                Some(Placed { profile_id, start })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where `profile` would fit next to `allocated` without moving anything: the first device by
+/// the counter model. The counter model and NVML's rules must agree on every placement.
+fn first_fit<'a>(gpus: &[Gpu], allocated: impl IntoIterator<Item = &'a str> + Clone, profile: &str) -> Option<String> {
+    let mut found = None;
+    for gpu in gpus {
+        if profile == WHOLE {
+            let name = DeviceName::Gpu { minor: gpu.minor }.to_string();
+            if !gpu.mig && !allocated.clone().into_iter().any(|d| d == name) && found.is_none() {
+                found = Some(name);
+            }
+            continue;
+        }
+        if !gpu.mig {
+            continue;
+        }
+        let Some(p) = gpu.model.profile_by_name(profile) else { continue };
+        let existing = placed_on(gpu.minor, allocated.clone());
+        let capacity = counters::capacity(gpu.model);
+        for &start in &p.placements {
+            let new = Placed { profile_id: p.id, start };
+            let mut used: Vec<Counters> = existing.iter().map(|e| consumption(gpu.model, *e)).collect();
+            used.push(consumption(gpu.model, new));
+            let by_counters = counters::fits(&capacity, &used);
+            let by_rules = rules::admits(gpu.model, &existing, new).is_ok();
+            assert_eq!(
+                by_counters, by_rules,
+                "counters and NVML rules disagree on {profile}@{start} next to {existing:?}"
+            );
+            if by_counters && found.is_none() {
+                found = Some(DeviceName::mig(gpu.minor, &p.name, p.id, start).to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Best placement: could every MIG partition live now, plus one more `profile`, be laid out on
+/// the node's MIG GPUs if everything could be moved? (A whole GPU needs a free MIG-off GPU.)
+fn best_fit(gpus: &[Gpu], live: &[String], profile: &str) -> bool {
+    if profile == WHOLE {
+        return first_fit(gpus, live.iter().map(String::as_str), WHOLE).is_some();
+    }
+    let mig: Vec<&Gpu> = gpus.iter().filter(|g| g.mig).collect();
+    let mut wanted: Vec<String> = live
+        .iter()
+        .filter_map(|d| match DeviceName::parse(d).ok()? {
+            DeviceName::Mig { parent_minor, profile_id, .. } => {
+                let g = gpus.iter().find(|g| g.minor == parent_minor)?;
+                Some(g.model.profile(profile_id)?.name.clone())
+            }
+            DeviceName::Gpu { .. } => None,
+        })
+        .collect();
+    wanted.push(profile.to_string());
+    // Largest first; identical profiles in non-decreasing (GPU, start) order, to skip permutations.
+    let size = |p: &str| mig[0].model.profile_by_name(p).map_or(0, |p| p.memory_slices * 16 + p.compute_slices);
+    wanted.sort_by_key(|p| std::cmp::Reverse((size(p), p.clone())));
+    let mut layout: Vec<Vec<Placed>> = vec![Vec::new(); mig.len()];
+    fn search(mig: &[&Gpu], wanted: &[String], layout: &mut [Vec<Placed>], floor: (usize, u32)) -> bool {
+        let Some((first, rest)) = wanted.split_first() else { return true };
+        for (g, gpu) in mig.iter().enumerate().skip(floor.0) {
+            let Some(p) = gpu.model.profile_by_name(first) else { continue };
+            for &start in &p.placements {
+                if (g, start) < floor {
+                    continue;
+                }
+                let new = Placed { profile_id: p.id, start };
+                if rules::admits(gpu.model, &layout[g], new).is_ok() {
+                    layout[g].push(new);
+                    let next_floor = if rest.first() == Some(first) { (g, start) } else { (0, 0) };
+                    if search(mig, rest, layout, next_floor) {
+                        return true;
+                    }
+                    layout[g].pop();
+                }
+            }
+        }
+        false
+    }
+    search(&mig, &wanted, &mut layout, (0, 0))
+}
+
+async fn create_node(client: &kube::Client) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux"}}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
+    let status = json!({"status": {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test kubelet"}]
+    }});
+    nodes.patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    // No taints, whatever admission added.
+    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}}))).await.unwrap();
+}
+
+/// The documents of a YAML file.
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `kubectl apply -n team-a -f FILE` for the kinds daemonset/ holds.
+async fn apply(client: &kube::Client, path: &Path) {
+    let pp = PostParams::default();
+    for doc in documents(path) {
+        match doc["kind"].as_str() {
+            Some("DeviceClass") => {
+                let dc: DeviceClass = serde_json::from_value(doc).unwrap();
+                Api::<DeviceClass>::all(client.clone()).create(&pp, &dc).await.unwrap();
+            }
+            Some("ResourceClaimTemplate") => {
+                let t: ResourceClaimTemplate = serde_json::from_value(doc).unwrap();
+                Api::<ResourceClaimTemplate>::namespaced(client.clone(), NS).create(&pp, &t).await.unwrap();
+            }
+            other => panic!("{}: unexpected kind {other:?}", path.display()),
+        }
+    }
+}
+
+/// A quantity as a number in its base unit (bytes, or a count).
+fn quantity(q: &str) -> u128 {
+    let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let factor: u128 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "k" => 1000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => panic!("unexpected quantity {q:?}"),
+    };
+    n.parse::<u128>().unwrap() * factor
+}
+
+/// Counter name → amount in base units, from the API's counters.
+fn server_counters(c: &BTreeMap<String, k8s_openapi::api::resource::v1::Counter>) -> BTreeMap<String, u128> {
+    c.iter().map(|(k, v)| (k.clone(), quantity(&v.value.0))).collect()
+}
+
+/// The model's counters in the same units.
+fn model_counters(c: &Counters) -> BTreeMap<String, u128> {
+    c.iter().map(|(k, &v)| (k.clone(), quantity(&slices::counter_quantity(k, v).0))).collect()
+}
+
+fn fits_server(capacity: &BTreeMap<String, u128>, used: &[&BTreeMap<String, u128>]) -> bool {
+    let mut sum: BTreeMap<&str, u128> = BTreeMap::new();
+    for u in used {
+        for (k, v) in *u {
+            *sum.entry(k).or_default() += v;
+        }
+    }
+    sum.iter().all(|(k, v)| capacity.get(*k).is_some_and(|c| v <= c))
+}
+
+/// Slices as the real API server stored them: the layout of its version, accepted, every counter
+/// field intact, and the counters read back refuse every pair of placements NVML refuses.
+async fn check_slices(cluster: &Cluster) {
+    let slices = cluster.published(Duration::from_secs(30)).await;
+    assert_eq!(slices::validate(&slices, cluster.layout), Vec::<String>::new());
+    if cluster.layout == Layout::Split {
+        for s in &slices {
+            assert!(
+                s.spec.devices.is_none() || s.spec.shared_counters.is_none(),
+                "split layout: {:?}",
+                s.metadata.name
+            );
+        }
+    }
+    let gpus = cluster.gpus();
+    let sets: BTreeMap<String, BTreeMap<String, u128>> = slices
+        .iter()
+        .flat_map(|s| s.spec.shared_counters.iter().flatten())
+        .map(|cs| (cs.name.clone(), server_counters(&cs.counters)))
+        .collect();
+    let devices: Vec<&k8s_openapi::api::resource::v1::Device> =
+        slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+    let mig_gpus: Vec<&Gpu> = gpus.iter().filter(|g| g.mig).collect();
+    assert_eq!(sets.len(), mig_gpus.len(), "one counter set per MIG GPU: {:?}", sets.keys());
+    let mut pairs = 0;
+    for gpu in &mig_gpus {
+        let set = counters::counter_set_name(gpu.minor);
+        assert_eq!(sets[&set], model_counters(&counters::capacity(gpu.model)), "counter set {set}");
+        let mut mine = Vec::new();
+        for p in &gpu.model.profiles {
+            for &start in &p.placements {
+                let name = DeviceName::mig(gpu.minor, &p.name, p.id, start).to_string();
+                let d = devices.iter().find(|d| d.name == name).unwrap_or_else(|| panic!("{name} not published"));
+                let consumes =
+                    d.consumes_counters.as_ref().unwrap_or_else(|| panic!("{name}: consumesCounters dropped"));
+                assert_eq!(consumes.len(), 1, "{name}");
+                assert_eq!(consumes[0].counter_set, set, "{name}");
+                let used = server_counters(&consumes[0].counters);
+                assert_eq!(used, model_counters(&counters::mig_consumption(p, start)), "{name}");
+                mine.push((Placed { profile_id: p.id, start }, used));
+            }
+        }
+        for (i, (a, ua)) in mine.iter().enumerate() {
+            for (b, ub) in &mine[i + 1..] {
+                let nvml = rules::admits_set(gpu.model, &[*a, *b]).is_ok();
+                assert_eq!(fits_server(&sets[&set], &[ua, ub]), nvml, "{a:?} with {b:?} on minor {}", gpu.minor);
+                pairs += 1;
+            }
+        }
+    }
+    for gpu in gpus.iter().filter(|g| !g.mig) {
+        let name = DeviceName::Gpu { minor: gpu.minor }.to_string();
+        let d = devices.iter().find(|d| d.name == name).unwrap_or_else(|| panic!("{name} not published"));
+        assert!(d.consumes_counters.is_none(), "a MIG-off GPU consumes no counters");
+    }
+    assert_eq!(devices.len(), 25 * 2 + 1, "every H100 partition and the whole A100");
+    assert!(!cluster.daemon.log().contains("dropped"), "{}", cluster.daemon.log());
+    println!(
+        "slices: {} slices ({} layout, generation {}), {} devices, {} counter sets read back intact; \
+         {pairs} placement pairs: the server's counters admit exactly the pairs NVML does",
+        slices.len(),
+        cluster.layout.as_str(),
+        slices[0].spec.pool.generation,
+        devices.len(),
+        sets.len()
+    );
+}
+
+/// Once published, the slices stay as they are while nothing changes: migdra and the API server
+/// agree on every field, so there is no rewrite loop.
+async fn check_slices_stay_put(cluster: &Cluster) {
+    let versions = |slices: &[ResourceSlice]| -> BTreeMap<String, String> {
+        slices
+            .iter()
+            .map(|s| (s.metadata.name.clone().unwrap(), s.metadata.resource_version.clone().unwrap()))
+            .collect()
+    };
+    let before = versions(&cluster.published(Duration::from_secs(30)).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = versions(&cluster.published(Duration::from_secs(30)).await);
+    assert_eq!(before, after, "migdra keeps rewriting its slices while nothing changes\n{}", cluster.diagnostics());
+}
+
+/// Paths where two JSON values differ, at most `limit`.
+fn differences(path: &str, a: &Value, b: &Value, out: &mut Vec<String>, limit: usize) {
+    if out.len() >= limit || a == b {
+        return;
+    }
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                differences(
+                    &format!("{path}.{k}"),
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                    limit,
+                );
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (u, v)) in x.iter().zip(y).enumerate() {
+                let key = u.get("name").and_then(Value::as_str).map_or_else(|| i.to_string(), str::to_string);
+                differences(&format!("{path}[{key}]"), u, v, out, limit);
+            }
+        }
+        _ => out.push(format!("{path}: published {a}, stored {b}")),
+    }
+}
+
+/// The API server stores migdra's slices exactly as published: every field migdra compares
+/// when it looks for drift comes back as sent. (A quantity the server canonicalizes, such as
+/// `40960Mi` stored as `40Gi`, looks like drift: the publisher then rewrites that slice at
+/// every resync, and the write is a no-op on the server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_read_back_exactly_as_published() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start().await;
+    let stored = cluster.published(Duration::from_secs(30)).await;
+    let out = migdra()
+        .args(["slices", "-o", "json", "--node-name", NODE, "--sim-state"])
+        .arg(cluster.node_dir.path().join("gpus.json"))
+        .args(["--generation", &stored[0].spec.pool.generation.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dry_run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut diff = Vec::new();
+    for want in dry_run["items"].as_array().unwrap() {
+        let name = want["metadata"]["name"].as_str().unwrap();
+        let have = stored.iter().find(|s| s.metadata.name.as_deref() == Some(name)).expect("every slice stored");
+        differences(&format!("{name}.spec"), &want["spec"], &serde_json::to_value(&have.spec).unwrap(), &mut diff, 10);
+    }
+    assert!(diff.is_empty(), "the API server stored other values than migdra published:\n{}", diff.join("\n"));
+    println!("slices read back exactly as published: {} slices", stored.len());
+}
+
+/// Slices intact on the real server; pods through the real scheduler and the resourceclaim
+/// controller; each bound pod prepared by the test kubelet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_scheduler_allocates_and_migdra_prepares() {
+    let _serial = SERIAL.lock().await;
+    let t0 = Instant::now();
+    let cluster = Cluster::start().await;
+    check_slices(&cluster).await;
+    check_slices_stay_put(&cluster).await;
+
+    // A claim named directly by a pod, with the 3g.40gb template's spec.
+    let t: ResourceClaimTemplate = Api::namespaced(cluster.client.clone(), NS).get(template("3g.40gb")).await.unwrap();
+    let direct: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "direct-3g", "namespace": NS},
+        "spec": serde_json::to_value(&t.spec.spec).unwrap()
+    }))
+    .unwrap();
+    cluster.claims().create(&PostParams::default(), &direct).await.unwrap();
+
+    let pods = [
+        ("p-1g", "1g.10gb", None),
+        ("p-2g", "2g.20gb", None),
+        ("p-3g", "3g.40gb", None),
+        ("p-4g", "4g.40gb", None),
+        ("p-7g", "7g.80gb", None),
+        ("p-direct-3g", "3g.40gb", Some("direct-3g")),
+        ("p-whole", WHOLE, None),
+    ];
+    let mut bound = Vec::new();
+    let mut pending = Vec::new();
+    for (name, profile, claim) in pods {
+        cluster.create_pod(name, profile, claim).await;
+        match cluster.outcome(name, Duration::from_secs(60)).await {
+            Outcome::Bound => {
+                let devices = cluster.prepare(name).await;
+                println!("{name:12} {profile:8} bound, prepared {devices:?}");
+                bound.push(name);
+            }
+            Outcome::Unschedulable(message) => {
+                assert!(message.contains("claim"), "{name}: not a DRA refusal: {message}");
+                let fit = cluster.fits_now(profile).await;
+                assert_eq!(
+                    fit, None,
+                    "{name}: scheduler says {profile} does not fit ({message}), but it fits at {fit:?}"
+                );
+                println!("{name:12} {profile:8} unschedulable, and truly fits nowhere: {message}");
+                pending.push((name, profile));
+            }
+        }
+    }
+    assert!(bound.len() >= 5, "most of these fit on two H100s and an A100: bound {bound:?}");
+    assert!(bound.contains(&"p-direct-3g") || pending.iter().any(|(n, _)| *n == "p-direct-3g"));
+    assert!(bound.contains(&"p-whole"), "the A100 is free for the whole-GPU pod");
+
+    // The kubelet ends every MIG pod: claims are deallocated, and the pending pods get their turn.
+    for name in bound.iter().filter(|n| **n != "p-whole") {
+        cluster.finish(name, true).await;
+    }
+    for (name, profile) in &pending {
+        match cluster.outcome(name, Duration::from_secs(60)).await {
+            Outcome::Bound => {
+                let devices = cluster.prepare(name).await;
+                println!("{name:12} {profile:8} bound once the others ended, prepared {devices:?}");
+            }
+            Outcome::Unschedulable(m) => {
+                panic!("{name} still unschedulable on empty GPUs: {m}\n{}", cluster.diagnostics())
+            }
+        }
+    }
+    for (name, _) in &pending {
+        cluster.finish(name, true).await;
+    }
+    cluster.finish("p-whole", true).await;
+    let left: usize = cluster.gpus().iter().map(|g| g.instances.len()).sum();
+    assert_eq!(left, 0, "MIG instances left after every pod ended");
+    println!("scheduling scenario done in {:.1?} (control plane start included)", t0.elapsed());
+}
+
+/// A deterministic pseudo-random sequence (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Pods come and go; every "unschedulable" must be true by the counter model and NVML's rules,
+/// and the placements are counted next to a best-placement baseline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_never_refuses_what_fits() {
+    let _serial = SERIAL.lock().await;
+    let requests: u64 = std::env::var("MIGDRA_CHURN_PODS").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let seed: u64 = std::env::var("MIGDRA_CHURN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6d69_6764_7261);
+    let cluster = Cluster::start().await;
+    let t0 = Instant::now();
+    // Small partitions come more often than large ones, as on a shared cluster.
+    let mix =
+        ["1g.10gb", "1g.10gb", "1g.10gb", "2g.20gb", "2g.20gb", "3g.40gb", "3g.40gb", "4g.40gb", "7g.80gb", WHOLE];
+    let mut rng = Rng(seed);
+    let mut live: Vec<String> = Vec::new();
+    let (mut placed, mut refused, mut late, mut baseline, mut deleted) = (0, 0, 0, 0, 0);
+    let mut asked: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+    let mut latency = Duration::ZERO;
+    for i in 0..requests {
+        // Someone leaves: about 4 in 10 steps, and always once 8 pods hold GPUs.
+        if !live.is_empty() && (live.len() >= 8 || rng.below(10) < 4) {
+            let pod = live.swap_remove(rng.below(live.len() as u64) as usize);
+            cluster.finish(&pod, true).await;
+            deleted += 1;
+        }
+        let profile = mix[rng.below(mix.len() as u64) as usize];
+        let name = format!("churn-{i:03}-{}", profile.replace('.', "-"));
+        let gpus = cluster.gpus();
+        let before: Vec<String> = cluster.allocations().await.into_iter().map(|(_, d)| d).collect();
+        let best = best_fit(&gpus, &before, profile);
+        baseline += u32::from(best);
+        let t = Instant::now();
+        cluster.create_pod(&name, profile, None).await;
+        let entry = asked.entry(profile).or_default();
+        entry.0 += 1;
+        let mut outcome = cluster.outcome(&name, Duration::from_secs(60)).await;
+        if let Outcome::Unschedulable(message) = &outcome {
+            assert!(message.contains("claim"), "{name}: not a DRA refusal: {message}");
+            if let Some(device) = cluster.fits_now(profile).await {
+                // The scheduler may have decided on a view older than the last deallocation; it
+                // retries on that event. Only a refusal that lasts is a false "unschedulable".
+                assert!(
+                    cluster.outcome_bound_within(&name, Duration::from_secs(20)).await,
+                    "false unschedulable: {profile} fits at {device} by the counters and NVML's rules, \
+                     but the scheduler says: {message}\n{}",
+                    cluster.diagnostics()
+                );
+                late += 1;
+                outcome = Outcome::Bound;
+            }
+        }
+        match outcome {
+            Outcome::Bound => {
+                latency += t.elapsed();
+                cluster.prepare(&name).await;
+                placed += 1;
+                entry.1 += 1;
+                live.push(name);
+            }
+            Outcome::Unschedulable(_) => {
+                refused += 1;
+                cluster.finish(&name, false).await;
+            }
+        }
+    }
+    for pod in std::mem::take(&mut live) {
+        cluster.finish(&pod, true).await;
+    }
+    let left: usize = cluster.gpus().iter().map(|g| g.instances.len()).sum();
+    assert_eq!(left, 0, "MIG instances left after every pod ended");
+    let per_profile: Vec<String> = asked.iter().map(|(p, (a, b))| format!("{p} {b}/{a}")).collect();
+    println!(
+        "churn (seed {seed}): {requests} requests, {deleted} departures; the scheduler placed {placed} \
+         ({late} after a retry), refused {refused}, each refusal checked: fits nowhere by the counters and \
+         NVML's rules; best placement (everything live repacked) would have placed {baseline}; per profile \
+         placed/requested: {}; mean time to bind {:.0?}; {:.1?} in all",
+        per_profile.join(", "),
+        latency / placed.max(1),
+        t0.elapsed()
+    );
+    assert!(placed <= baseline, "the scheduler cannot beat the best placement");
+    assert!(placed > 0 && refused + placed == requests as u32);
+}
+
+impl Cluster {
+    /// Whether the pod gets bound within `timeout`.
+    async fn outcome_bound_within(&self, name: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let pod = self.pods().get(name).await.unwrap();
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+}
+
+/// The checks the churn relies on, without a control plane: first fit sees fragmentation, the
+/// best placement repacks around it, and a whole GPU needs a free MIG-off GPU.
+#[test]
+fn first_fit_and_best_placement_agree_with_the_rules() {
+    let h100 = catalog::model("h100-80gb").unwrap();
+    let a100 = catalog::model("a100-40gb").unwrap();
+    let gpu = |minor, model, mig| Gpu { minor, model, mig, instances: BTreeMap::new() };
+    let gpus = [gpu(1, h100, true), gpu(2, a100, false)];
+    // 1g at 0 and 4: neither 3g placement (0, 4) is free, but moving the 1gs makes room.
+    let live = ["gpu-1-mig-1g10gb-19-0".to_string(), "gpu-1-mig-1g10gb-19-4".to_string()];
+    let refs = live.iter().map(String::as_str);
+    assert_eq!(first_fit(&gpus, refs.clone(), "3g.40gb"), None);
+    assert!(best_fit(&gpus, &live, "3g.40gb"));
+    assert_eq!(first_fit(&gpus, refs.clone(), "2g.20gb"), Some("gpu-1-mig-2g20gb-14-2".into()));
+    assert!(!best_fit(&gpus, &live, "7g.80gb"));
+    // Seven 1gs fill the GPU; an eighth fits nowhere, however they are moved.
+    let full: Vec<String> = (0..7).map(|s| format!("gpu-1-mig-1g10gb-19-{s}")).collect();
+    assert!(!best_fit(&gpus, &full, "1g.10gb"));
+    assert_eq!(first_fit(&gpus, refs, WHOLE), Some("gpu-2".into()));
+    assert!(!best_fit(&gpus, &["gpu-2".to_string()], WHOLE));
+}

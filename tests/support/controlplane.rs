@@ -1,0 +1,393 @@
+//! A real Kubernetes control plane for end-to-end tests: etcd, kube-apiserver, kube-scheduler and
+//! kube-controller-manager, built from Go modules by `hack/build-controlplane.sh`.
+//!
+//! - Binaries come from `$MIGDRA_CONTROLPLANE_BIN`, else the newest Kubernetes version among
+//!   `${MIGDRA_CACHE:-~/.cache/migdra}/controlplane-*/bin`. Missing binaries fail the test with
+//!   the command that builds them; nothing is skipped silently.
+//! - Everything lives in a temporary directory: etcd's data, certificates made with the `openssl`
+//!   CLI (a CA, the API server's serving certificate for 127.0.0.1, the service-account key
+//!   pair), a static admin token (group `system:masters`), each component's log, and the
+//!   kubeconfig `migdra serve --kubeconfig` and the other components use.
+//! - Ports are free localhost ports; the API server authorizes with RBAC and runs with
+//!   [`FEATURE_GATES`] on every component.
+//! - Dropping it kills every process; if the test is failing, the tail of each log is printed
+//!   (and the directory kept with `MIGDRA_KEEP_CONTROLPLANE=1`).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Gates the DRA tests need, given to kube-apiserver, kube-scheduler and kube-controller-manager.
+/// Both are beta and on by default from 1.36; naming them keeps the tests honest on other versions.
+pub const FEATURE_GATES: &str = "DRAPartitionableDevices=true,DRAResourceClaimDeviceStatus=true";
+
+/// The controllers that turn ResourceClaimTemplates into ResourceClaims, deallocate claims of
+/// deleted pods, and delete generated claims once their pod is gone.
+pub const CONTROLLERS: &str = "resourceclaim-controller,garbage-collector-controller";
+
+const BINARIES: [&str; 4] = ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"];
+
+/// What ran, for the test's report.
+#[derive(Debug, Clone)]
+pub struct Versions {
+    pub apiserver: String,
+    pub etcd: String,
+    pub bin_dir: PathBuf,
+}
+
+impl std::fmt::Display for Versions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "kube-apiserver, kube-scheduler, kube-controller-manager {}, etcd {} (from {}), feature gates {FEATURE_GATES}",
+            self.apiserver,
+            self.etcd,
+            self.bin_dir.display()
+        )
+    }
+}
+
+struct Process {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+/// A running control plane; killed on drop.
+pub struct ControlPlane {
+    dir: Option<tempfile::TempDir>,
+    /// In start order; killed in reverse.
+    processes: Vec<Process>,
+    kubeconfig: PathBuf,
+    pub url: String,
+    pub versions: Versions,
+    /// How long the start took, up to a ready API server and both controllers running.
+    pub startup: Duration,
+}
+
+/// The directory holding the four binaries, or a panic that says how to build them.
+pub fn bin_dir() -> PathBuf {
+    let help = "build the control plane first: `bash hack/build-controlplane.sh` (cached; it prints the bin \
+                directory as its last line), then export MIGDRA_CONTROLPLANE_BIN=<that directory> or rerun \
+                `bash hack/test.sh`, which does both";
+    let dir = match std::env::var_os("MIGDRA_CONTROLPLANE_BIN") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let cache = std::env::var_os("MIGDRA_CACHE").map_or_else(
+                || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/migdra"),
+                PathBuf::from,
+            );
+            let newest = std::fs::read_dir(&cache).ok().and_then(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("controlplane-"))
+                    .map(|e| e.path().join("bin"))
+                    .filter(|bin| BINARIES.iter().all(|b| bin.join(b).is_file()))
+                    .max_by_key(|bin| (kube_version(bin), bin.metadata().and_then(|m| m.modified()).ok()))
+            });
+            newest.unwrap_or_else(|| {
+                panic!("no Kubernetes control plane binaries under {}/controlplane-*/bin: {help}", cache.display())
+            })
+        }
+    };
+    for b in BINARIES {
+        assert!(dir.join(b).is_file(), "{} is missing: {help}", dir.join(b).display());
+    }
+    dir
+}
+
+/// `(minor, patch)` of `…/controlplane-v1.<minor>.<patch>-…/bin`, so the newest Kubernetes wins.
+fn kube_version(bin: &Path) -> (u32, u32) {
+    let dir = bin.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let version = dir.trim_start_matches("controlplane-v1.");
+    let mut parts = version.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free localhost port").port()
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl {args:?}: {e} (the control plane tests need the openssl CLI)"));
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A CA, a serving certificate for 127.0.0.1 signed by it, and the service-account key pair; all
+/// P-256 keys, which Go and rustls both take and openssl makes fast.
+fn certificates(dir: &Path) {
+    let key = |name: &str| {
+        openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", name])
+    };
+    key("ca.key");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=migdra-test-ca",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+    key("apiserver.key");
+    openssl(dir, &["req", "-new", "-key", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver"]);
+    std::fs::write(
+        dir.join("apiserver.ext"),
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n\
+         subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "apiserver.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "apiserver.ext",
+        ],
+    );
+    key("sa.key");
+    openssl(dir, &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+}
+
+impl ControlPlane {
+    /// Start etcd, kube-apiserver (waits for `/readyz`), kube-scheduler and
+    /// kube-controller-manager.
+    pub async fn start() -> Self {
+        let t0 = Instant::now();
+        let bin = bin_dir();
+        let dir = tempfile::Builder::new().prefix("migdra-controlplane-").tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        certificates(&d);
+        let token = format!("migdra-admin-{:x}", t0.elapsed().as_nanos() ^ u128::from(std::process::id()));
+        std::fs::write(d.join("tokens.csv"), format!("{token},admin,admin-uid,\"system:masters\"\n")).unwrap();
+        let (etcd_client, etcd_peer, api_port) = (free_port(), free_port(), free_port());
+        let url = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = d.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    \
+                 certificate-authority: {ca}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    \
+                 user: admin\n    namespace: default\ncurrent-context: test\nusers:\n- name: admin\n  user:\n    \
+                 token: {token}\n",
+                ca = d.join("ca.crt").display()
+            ),
+        )
+        .unwrap();
+
+        let etcd_version = Command::new(bin.join("etcd"))
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").replace("etcd Version: ", ""))
+            .unwrap_or_default();
+        let mut cp = Self {
+            dir: Some(dir),
+            processes: Vec::new(),
+            kubeconfig: kubeconfig.clone(),
+            url: url.clone(),
+            versions: Versions { apiserver: String::new(), etcd: etcd_version, bin_dir: bin.clone() },
+            startup: Duration::ZERO,
+        };
+        let client_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        cp.spawn(
+            "etcd",
+            &bin,
+            &[
+                "--name=test".into(),
+                format!("--data-dir={}", d.join("etcd").display()),
+                format!("--listen-client-urls={client_url}"),
+                format!("--advertise-client-urls={client_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=test={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        );
+        let p = |name: &str| d.join(name).display().to_string();
+        cp.spawn(
+            "kube-apiserver",
+            &bin,
+            &[
+                format!("--etcd-servers={client_url}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={api_port}"),
+                format!("--cert-dir={}", p("apiserver-certs")),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--token-auth-file={}", p("tokens.csv")),
+                "--authorization-mode=RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                // No kubelet and no service-account controller run here: new Nodes would keep the
+                // not-ready taint, and pods would wait for a `default` ServiceAccount.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
+                "--runtime-config=resource.k8s.io/v1=true".into(),
+                format!("--feature-gates={FEATURE_GATES}"),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+        );
+        let client = cp.client().await;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            cp.assert_running();
+            let readyz = hyper::Request::get("/readyz").body(Vec::new()).unwrap();
+            match client.request_text(readyz).await {
+                Ok(body) if body.trim() == "ok" => break,
+                other => {
+                    assert!(Instant::now() < deadline, "kube-apiserver not ready after 120 s: {other:?}\n{}", cp.logs())
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        cp.versions.apiserver = client.apiserver_version().await.map(|v| v.git_version).unwrap_or_default();
+        let kc = kubeconfig.display().to_string();
+        let common = |port: u16| {
+            vec![
+                format!("--kubeconfig={kc}"),
+                "--leader-elect=false".into(),
+                format!("--feature-gates={FEATURE_GATES}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                "--v=2".into(),
+            ]
+        };
+        cp.spawn("kube-scheduler", &bin, &common(free_port()));
+        let mut kcm = common(free_port());
+        kcm.extend([
+            format!("--controllers={CONTROLLERS}"),
+            "--use-service-account-credentials=false".into(),
+            format!("--cert-dir={}", p("kcm-certs")),
+        ]);
+        cp.spawn("kube-controller-manager", &bin, &kcm);
+        // Both start within a second or two; one that exits at once (a bad flag) fails here.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cp.assert_running();
+        cp.startup = t0.elapsed();
+        cp
+    }
+
+    fn spawn(&mut self, name: &'static str, bin: &Path, args: &[String]) {
+        let dir = self.dir();
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin.join(name))
+            .args(args)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.join(name).display()));
+        self.processes.push(Process { name, child, log });
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.dir.as_ref().expect("the control plane directory").path().to_path_buf()
+    }
+
+    /// The kubeconfig for `migdra serve --kubeconfig` (admin token, the test CA).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A client with the admin token.
+    pub async fn client(&self) -> kube::Client {
+        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("read the kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("a client config from the kubeconfig");
+        kube::Client::try_from(config).expect("a client")
+    }
+
+    /// Panics, with the logs, if a component has exited.
+    pub fn assert_running(&mut self) {
+        let mut exited = Vec::new();
+        for p in &mut self.processes {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                exited.push(format!("{} exited: {status}", p.name));
+            }
+        }
+        assert!(exited.is_empty(), "{}\n{}", exited.join("\n"), self.logs());
+    }
+
+    /// The last lines of every component's log.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for p in &self.processes {
+            let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(30)..];
+            out.push_str(&format!(
+                "--- {} ({}), last {} lines:\n{}\n",
+                p.name,
+                p.log.display(),
+                tail.len(),
+                tail.join("\n")
+            ));
+        }
+        out
+    }
+
+    /// The full log of one component.
+    pub fn log(&self, name: &str) -> String {
+        self.processes
+            .iter()
+            .find(|p| p.name == name)
+            .map_or_else(String::new, |p| std::fs::read_to_string(&p.log).unwrap_or_default())
+    }
+}
+
+impl Drop for ControlPlane {
+    #[allow(clippy::print_stderr)] // what a failing test leaves behind
+    fn drop(&mut self) {
+        for p in self.processes.iter_mut().rev() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+            // etcd's files take over 100 MB, so the directory stays only on request.
+            if std::env::var_os("MIGDRA_KEEP_CONTROLPLANE").is_some()
+                && let Some(dir) = self.dir.take()
+            {
+                eprintln!("control plane directory kept: {}", dir.keep().display());
+            } else {
+                eprintln!("set MIGDRA_KEEP_CONTROLPLANE=1 to keep the control plane's directory");
+            }
+        }
+    }
+}
