@@ -17,7 +17,7 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -122,12 +122,24 @@ impl Cluster {
     /// Start everything: control plane, Node, namespace, the manifests from daemonset/, simulated
     /// GPUs, `migdra serve`, registration; waits for a complete pool.
     async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// [`Self::start`]; with `rbac`, also apply daemonset/rbac.yaml and
+    /// daemonset/admission-policy.yaml, and run `migdra serve` as its service account on `NODE`
+    /// (impersonated: [`SERVICE_ACCOUNT`], its groups and the node-name extra of a pod-bound token).
+    async fn start_with(rbac: bool) -> Self {
         let cp = ControlPlane::start().await;
         println!("control plane: {} (started in {:.1?})", cp.versions, cp.startup);
         let client = cp.client().await;
         let version = client.apiserver_version().await.unwrap();
         let num = |s: &str| s.trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>().unwrap();
         let layout = slices::layout_for(num(&version.major), num(&version.minor));
+        if rbac {
+            for file in ["daemonset/rbac.yaml", "daemonset/admission-policy.yaml"] {
+                apply(&client, &repo().join(file)).await;
+            }
+        }
         create_node(&client).await;
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
@@ -145,7 +157,7 @@ impl Cluster {
             .arg("--sim-state")
             .arg(d.join("gpus.json"))
             .arg("--kubeconfig")
-            .arg(cp.kubeconfig())
+            .arg(if rbac { service_account_kubeconfig(&cp, NODE) } else { cp.kubeconfig().to_path_buf() })
             .arg("--plugin-dir")
             .arg(d.join("plugin"))
             .arg("--registry-dir")
@@ -624,6 +636,34 @@ fn documents(path: &Path) -> Vec<Value> {
 async fn apply(client: &kube::Client, path: &Path) {
     let pp = PostParams::default();
     for doc in documents(path) {
+        // Cluster-scoped, or in their own namespace: (group, version, plural, namespaced).
+        let dynamic = match doc["kind"].as_str() {
+            Some("Namespace") => Some(("", "v1", "namespaces", false)),
+            Some("ServiceAccount") => Some(("", "v1", "serviceaccounts", true)),
+            Some("ClusterRole") => Some(("rbac.authorization.k8s.io", "v1", "clusterroles", false)),
+            Some("ClusterRoleBinding") => Some(("rbac.authorization.k8s.io", "v1", "clusterrolebindings", false)),
+            Some("ValidatingAdmissionPolicy") => {
+                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", false))
+            }
+            Some("ValidatingAdmissionPolicyBinding") => {
+                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", false))
+            }
+            _ => None,
+        };
+        if let Some((group, version, plural, namespaced)) = dynamic {
+            let kind = doc["kind"].as_str().unwrap();
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+            let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+            let obj: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+            let api: Api<kube::api::DynamicObject> = if namespaced {
+                let ns = obj.metadata.namespace.clone().unwrap_or_else(|| NS.into());
+                Api::namespaced_with(client.clone(), &ns, &ar)
+            } else {
+                Api::all_with(client.clone(), &ar)
+            };
+            api.create(&pp, &obj).await.unwrap_or_else(|e| panic!("{}: create {kind}: {e}", path.display()));
+            continue;
+        }
         match doc["kind"].as_str() {
             Some("DeviceClass") => {
                 let dc: DeviceClass = serde_json::from_value(doc).unwrap();
@@ -889,6 +929,93 @@ async fn real_scheduler_allocates_and_migdra_prepares() {
     let left: usize = cluster.gpus().iter().map(|g| g.instances.len()).sum();
     assert_eq!(left, 0, "MIG instances left after every pod ended");
     println!("scheduling scenario done in {:.1?} (control plane start included)", t0.elapsed());
+}
+
+/// The daemonset's service account, as its token authenticates it.
+const SERVICE_ACCOUNT: &str = "system:serviceaccount:migdra-system:migdra";
+const SERVICE_ACCOUNT_GROUPS: [&str; 3] =
+    ["system:serviceaccounts", "system:serviceaccounts:migdra-system", "system:authenticated"];
+/// The user extra a pod-bound service-account token carries (1.32+).
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// A kubeconfig that acts as migdra's service account in a pod on `node`.
+fn service_account_kubeconfig(cp: &ControlPlane, node: &str) -> PathBuf {
+    cp.impersonating_kubeconfig(SERVICE_ACCOUNT, &SERVICE_ACCOUNT_GROUPS, &[(NODE_NAME_EXTRA, node)])
+}
+
+/// `migdra serve` with only daemonset/rbac.yaml's ClusterRole (its service account, impersonated
+/// on node-a): it publishes, and prepares and unprepares a claim through the real scheduler,
+/// writing the claim status. With the same identity, a slice of another node is refused by
+/// daemonset/admission-policy.yaml.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_with_only_the_daemonset_role() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start_with(true).await;
+    check_slices(&cluster).await;
+
+    cluster.create_pod("p-rbac", "1g.10gb", None).await;
+    match cluster.outcome("p-rbac", Duration::from_secs(60)).await {
+        Outcome::Bound => {}
+        Outcome::Unschedulable(m) => panic!("p-rbac unschedulable on empty GPUs: {m}\n{}", cluster.diagnostics()),
+    }
+    let devices = cluster.prepare("p-rbac").await;
+    println!("as {SERVICE_ACCOUNT} on {NODE}: slices published, p-rbac prepared {devices:?} with its status written");
+    cluster.finish("p-rbac", true).await;
+
+    let sa = ControlPlane::client_from(&service_account_kubeconfig(&cluster.cp, NODE)).await;
+    // Events, as src/kube/events.rs posts a Node's: get, create, then get and replace.
+    let events: Api<Event> = Api::namespaced(sa.clone(), "default");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "rbac-check.migdra", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+        "reason": "RbacCheck", "message": "x", "type": "Warning", "count": 1
+    }))
+    .unwrap();
+    assert!(events.get_opt("rbac-check.migdra").await.unwrap().is_none());
+    events.create(&PostParams::default(), &event).await.unwrap();
+    let mut event = events.get("rbac-check.migdra").await.unwrap();
+    event.count = Some(2);
+    events.replace("rbac-check.migdra", &PostParams::default(), &event).await.unwrap();
+    assert!(
+        !cluster.daemon.log().to_ascii_lowercase().contains("forbidden"),
+        "migdra serve was refused something:\n{}",
+        cluster.diagnostics()
+    );
+
+    // Another node's slice: RBAC allows it, the admission policy refuses it. The policy takes
+    // effect once the API server has loaded it, so a slice that gets through early is removed
+    // and tried again.
+    let other: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "node-b-not-mine"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": "node-b",
+            "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1},
+            "devices": []
+        }
+    }))
+    .unwrap();
+    let as_sa: Api<ResourceSlice> = Api::all(sa);
+    let as_admin: Api<ResourceSlice> = Api::all(cluster.client.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refusal = loop {
+        match as_sa.create(&PostParams::default(), &other).await {
+            Err(kube::Error::Api(s)) => break s,
+            Err(e) => panic!("creating node-b's slice: {e}"),
+            Ok(_) => {
+                as_admin.delete("node-b-not-mine", &DeleteParams::default()).await.unwrap();
+                assert!(Instant::now() < deadline, "node-b's slice is still accepted after 30 s");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    assert!(
+        (refusal.code == 403 || refusal.code == 422)
+            && refusal.message.contains("migdra-resourceslices-own-node")
+            && refusal.message.contains("may write only ResourceSlices"),
+        "not the policy's refusal: {refusal:?}"
+    );
+    println!("as {SERVICE_ACCOUNT} on {NODE}, node-b's slice refused: {} {}", refusal.code, refusal.message);
 }
 
 /// A deterministic pseudo-random sequence (xorshift64*).

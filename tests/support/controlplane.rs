@@ -324,9 +324,30 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
+    /// A kubeconfig next to the admin one whose user impersonates `user` with `groups` and the
+    /// user extras `extra` (the admin is in `system:masters`, so it may impersonate anyone).
+    pub fn impersonating_kubeconfig(&self, user: &str, groups: &[&str], extra: &[(&str, &str)]) -> PathBuf {
+        let mut kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("read the kubeconfig");
+        for named in &mut kc.auth_infos {
+            let auth = named.auth_info.as_mut().expect("the admin user");
+            auth.impersonate = Some(user.into());
+            auth.impersonate_groups = Some(groups.iter().map(|g| (*g).into()).collect());
+            auth.impersonate_user_extra =
+                Some(extra.iter().map(|(k, v)| ((*k).to_string(), vec![(*v).to_string()])).collect());
+        }
+        let path = self.dir().join(format!("kubeconfig-as-{}", user.replace(':', "-")));
+        std::fs::write(&path, serde_norway::to_string(&kc).expect("serialize the kubeconfig")).unwrap();
+        path
+    }
+
     /// A client with the admin token.
     pub async fn client(&self) -> kube::Client {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("read the kubeconfig");
+        Self::client_from(&self.kubeconfig).await
+    }
+
+    /// A client from a kubeconfig, such as [`Self::impersonating_kubeconfig`].
+    pub async fn client_from(kubeconfig: &Path) -> kube::Client {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
         let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .expect("a client config from the kubeconfig");
