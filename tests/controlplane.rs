@@ -1153,3 +1153,85 @@ fn first_fit_and_best_placement_agree_with_the_rules() {
     assert_eq!(first_fit(&gpus, refs, WHOLE), Some("gpu-2".into()));
     assert!(!best_fit(&gpus, &["gpu-2".to_string()], WHOLE));
 }
+
+/// The 1.34 kube-apiserver built by `hack/build-controlplane.sh hack/controlplane-1.34 kube-apiserver`.
+fn apiserver_134_dir() -> PathBuf {
+    let help = "build it first: `bash hack/build-controlplane.sh hack/controlplane-1.34 kube-apiserver` (or `bash hack/test.sh`)";
+    if let Some(d) = std::env::var_os("MIGDRA_CONTROLPLANE_134_BIN") {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("MIGDRA_CACHE").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/migdra"),
+        PathBuf::from,
+    );
+    std::fs::read_dir(&cache)
+        .ok()
+        .and_then(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("controlplane-v1.34"))
+                .map(|e| e.path().join("bin"))
+                .find(|bin| bin.join("kube-apiserver").is_file())
+        })
+        .unwrap_or_else(|| panic!("no 1.34 kube-apiserver under {}: {help}", cache.display()))
+}
+
+/// The same slices against a real 1.34 kube-apiserver: migdra picks the combined layout from its
+/// version, and the server accepts it with every counter field intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_on_a_1_34_api_server_use_the_combined_layout() {
+    let _serial = SERIAL.lock().await;
+    let cp = ControlPlane::start_apiserver_only(apiserver_134_dir()).await;
+    println!(
+        "1.34 run: kube-apiserver {}, etcd {} (started in {:.1?})",
+        cp.versions.apiserver, cp.versions.etcd, cp.startup
+    );
+    assert!(cp.versions.apiserver.starts_with("v1.34."), "{}", cp.versions.apiserver);
+    let client = cp.client().await;
+    create_node(&client).await;
+    let node_dir = tempfile::Builder::new().prefix("migdra-node-").tempdir().unwrap();
+    let d = node_dir.path();
+    let out = migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(d.join("gpus.json")).output().unwrap();
+    assert!(out.status.success());
+    let log = d.join("daemon.log");
+    let child = migdra()
+        .arg("serve")
+        .arg("--sim-state")
+        .arg(d.join("gpus.json"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig())
+        .arg("--plugin-dir")
+        .arg(d.join("plugin"))
+        .arg("--registry-dir")
+        .arg(d.join("registry"))
+        .arg("--cdi-dir")
+        .arg(d.join("cdi"))
+        .args(["--node-name", NODE])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let daemon = Daemon { child, log };
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let params = ListParams::default().labels(&format!("{}={NODE}", slices::node_label(DRIVER)));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let published = loop {
+        let all = api.list(&params).await.unwrap().items;
+        let generation = all.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+        let current: Vec<ResourceSlice> = all.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
+        if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
+            break current;
+        }
+        assert!(Instant::now() < deadline, "no complete pool on 1.34:\n{}\n{}", daemon.log(), cp.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(slices::validate(&published, Layout::Combined), Vec::<String>::new());
+    let devices: Vec<&k8s_openapi::api::resource::v1::Device> =
+        published.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+    assert_eq!(devices.len(), 25 * 2 + 1, "every H100 partition and the whole A100");
+    let consuming = devices.iter().filter(|d| d.consumes_counters.is_some()).count();
+    assert_eq!(consuming, 50, "the 1.34 server kept consumesCounters");
+    let sets: usize = published.iter().map(|s| s.spec.shared_counters.as_ref().map_or(0, Vec::len)).sum();
+    assert_eq!(sets, 2, "the 1.34 server kept sharedCounters, beside the devices");
+    assert!(published.iter().all(|s| s.spec.shared_counters.is_none() || s.spec.devices.is_some()));
+}

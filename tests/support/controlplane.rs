@@ -181,8 +181,19 @@ impl ControlPlane {
     /// Start etcd, kube-apiserver (waits for `/readyz`), kube-scheduler and
     /// kube-controller-manager.
     pub async fn start() -> Self {
+        Self::start_from(None).await
+    }
+
+    /// Only etcd and the kube-apiserver found in `apiserver_dir` (another Kubernetes version);
+    /// no scheduler or controller manager, which must not be newer than the API server.
+    pub async fn start_apiserver_only(apiserver_dir: PathBuf) -> Self {
+        Self::start_from(Some(apiserver_dir)).await
+    }
+
+    async fn start_from(apiserver_dir: Option<PathBuf>) -> Self {
         let t0 = Instant::now();
         let bin = bin_dir();
+        let api_bin = apiserver_dir.clone().unwrap_or_else(|| bin.clone());
         let dir = tempfile::Builder::new().prefix("migdra-controlplane-").tempdir().unwrap();
         let d = dir.path().to_path_buf();
         certificates(&d);
@@ -236,7 +247,7 @@ impl ControlPlane {
         let p = |name: &str| d.join(name).display().to_string();
         cp.spawn(
             "kube-apiserver",
-            &bin,
+            &api_bin,
             &[
                 format!("--etcd-servers={client_url}"),
                 "--bind-address=127.0.0.1".into(),
@@ -274,6 +285,10 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         cp.versions.apiserver = client.apiserver_version().await.map(|v| v.git_version).unwrap_or_default();
+        if apiserver_dir.is_some() {
+            cp.startup = t0.elapsed();
+            return cp;
+        }
         let kc = kubeconfig.display().to_string();
         let common = |port: u16| {
             vec![
