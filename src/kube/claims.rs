@@ -38,28 +38,7 @@ impl KubeClaimSource {
 
     async fn fetch(&self, claim: &ClaimRef) -> Result<Option<ResourceClaim>, kube::Error> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
-        let deadline = tokio::time::Instant::now() + self.budget;
-        let mut wait = Duration::from_millis(100);
-        loop {
-            match api.get_opt(&claim.name).await {
-                Ok(found) => return Ok(found),
-                Err(e) if transient(&e) && tokio::time::Instant::now() + wait < deadline => {
-                    tracing::warn!(claim = %claim.uid, error = %e, retry_in = ?wait, "claim lookup failed; retrying");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-/// Errors worth retrying: the server or the network, not a refusal.
-pub fn transient(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 409,
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
-        _ => false,
+        super::retry_transient(self.budget, "claim lookup", || api.get_opt(&claim.name)).await
     }
 }
 

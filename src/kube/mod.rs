@@ -15,3 +15,35 @@ pub mod inventory;
 pub mod publisher;
 pub mod slices;
 pub mod status;
+
+use std::time::Duration;
+
+/// Errors worth retrying: the server or the network, not a refusal.
+pub fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429 || s.code == 409,
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
+        _ => false,
+    }
+}
+
+/// Run `call` until it succeeds, fails for good, or `budget` runs out; transient failures are
+/// retried after 100 ms, doubling up to 5 s. `what` names the call in the log.
+pub async fn retry_transient<T, F, Fut>(budget: Duration, what: &str, mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + budget;
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match call().await {
+            Err(e) if transient(&e) && tokio::time::Instant::now() + wait < deadline => {
+                tracing::debug!(error = %e, retry_in = ?wait, "{what} failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            r => return r,
+        }
+    }
+}

@@ -6,7 +6,6 @@
 //! Only entries of our driver and pool are touched; the write goes through the status
 //! subresource with the object's resourceVersion and is retried on conflict.
 
-use super::claims::transient;
 use crate::claims::ClaimRef;
 use crate::prepare::PreparedDevice;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
@@ -53,19 +52,7 @@ impl StatusWriter {
     /// The API server refused, or stayed unreachable for the whole budget.
     pub async fn write(&self, claim: &ClaimRef, outcome: Outcome<'_>) -> Result<(), kube::Error> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
-        let deadline = tokio::time::Instant::now() + self.budget;
-        let mut wait = Duration::from_millis(100);
-        loop {
-            match self.try_write(&api, claim, &outcome).await {
-                Ok(()) => return Ok(()),
-                Err(e) if transient(&e) && tokio::time::Instant::now() + wait < deadline => {
-                    tracing::debug!(claim = %claim.uid, error = %e, "status write failed; retrying");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        super::retry_transient(self.budget, "claim status write", || self.try_write(&api, claim, &outcome)).await
     }
 
     async fn try_write(
