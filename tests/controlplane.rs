@@ -125,8 +125,8 @@ impl Cluster {
         Self::start_with(false).await
     }
 
-    /// [`Self::start`]; with `rbac`, also apply daemonset/rbac.yaml and
-    /// daemonset/admission-policy.yaml, and run `migdra serve` as its service account on `NODE`
+    /// [`Self::start`]; with `rbac`, also apply daemonset/base/rbac.yaml and
+    /// daemonset/base/admission-policy.yaml, and run `migdra serve` as its service account on `NODE`
     /// (impersonated: [`SERVICE_ACCOUNT`], its groups and the node-name extra of a pod-bound token).
     async fn start_with(rbac: bool) -> Self {
         let cp = ControlPlane::start().await;
@@ -136,14 +136,14 @@ impl Cluster {
         let num = |s: &str| s.trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>().unwrap();
         let layout = slices::layout_for(num(&version.major), num(&version.minor));
         if rbac {
-            for file in ["daemonset/rbac.yaml", "daemonset/admission-policy.yaml"] {
+            for file in ["daemonset/base/rbac.yaml", "daemonset/base/admission-policy.yaml"] {
                 apply(&client, &repo().join(file)).await;
             }
         }
         create_node(&client).await;
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
-        for file in ["daemonset/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
+        for file in ["daemonset/base/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
             apply(&client, &repo().join(file)).await;
         }
 
@@ -943,10 +943,10 @@ fn service_account_kubeconfig(cp: &ControlPlane, node: &str) -> PathBuf {
     cp.impersonating_kubeconfig(SERVICE_ACCOUNT, &SERVICE_ACCOUNT_GROUPS, &[(NODE_NAME_EXTRA, node)])
 }
 
-/// `migdra serve` with only daemonset/rbac.yaml's ClusterRole (its service account, impersonated
+/// `migdra serve` with only daemonset/base/rbac.yaml's ClusterRole (its service account, impersonated
 /// on node-a): it publishes, and prepares and unprepares a claim through the real scheduler,
 /// writing the claim status. With the same identity, a slice of another node is refused by
-/// daemonset/admission-policy.yaml.
+/// daemonset/base/admission-policy.yaml.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_with_only_the_daemonset_role() {
     let _serial = SERIAL.lock().await;
