@@ -19,4 +19,5 @@ pub mod kube;
 pub mod kubelet;
 pub mod mig;
 pub mod prepare;
+pub mod slurm;
 pub mod state;

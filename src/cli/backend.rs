@@ -65,6 +65,7 @@ pub fn engine(global: &Global) -> Result<Engine, CliError> {
         Options::new(&global.node.driver_name, &node_name(global), state_dir(global), global.node.cdi_dir.clone());
     opts.mig_mode = mode(global.node.mig_mode);
     opts.orphans = global.node.orphans;
+    opts.slurm = global.slurm.settings(&node_name(global))?;
     for o in &global.node.mig_mode_override {
         let (gpu, m) = o.split_once('=').ok_or_else(|| {
             CliError::Usage(format!("--mig-mode-override {o:?}: expected GPU=dynamic|static (GPU: UUID or NVML index)"))

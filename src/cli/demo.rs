@@ -13,7 +13,8 @@ use crate::gpu::sim::{SimBackend, SimSpec};
 use crate::kubelet::client::{TestKubelet, Version};
 use crate::mig::counters::{self, Counters};
 use crate::mig::devices::{Device, GpuIdentity, GpuMode, gpu_devices};
-use crate::prepare::{SlurmGpu, status_data};
+use crate::prepare::status_data;
+use crate::slurm::{GpuSlurm, Source};
 use crate::state::CheckpointStore;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -254,10 +255,15 @@ impl Demo<'_> {
         let Some(rec) = cp.claims.get(uid) else { return Ok(()) };
         for d in &rec.devices {
             let model = self.sim.model(&d.gpu_uuid)?;
-            let data = status_data(
-                d,
-                SlurmGpu { index: d.gpu_index, shards: model.memory_slices, memory_slices: model.memory_slices },
-            );
+            // The demo's node has no Slurm configuration: NVML order, as the daemon decides too.
+            let slurm = GpuSlurm {
+                index: Some(d.gpu_index),
+                source: Source::Nvml,
+                shards: model.memory_slices,
+                memory_slices: model.memory_slices,
+                migs: Vec::new(),
+            };
+            let data = status_data(d, &slurm);
             let what = match (&data.mig_uuid, &data.profile) {
                 (Some(u), Some(p)) => format!(
                     "{p} {u} (GI {}, CI {})",
@@ -269,8 +275,12 @@ impl Demo<'_> {
             writeln!(self.out, "   kubelet → NodePrepareResources: {what}")?;
             writeln!(
                 self.out,
-                "   for slurm-bridge: parent GPU {} (minor {}), Slurm GPU index {}, {} shard(s)",
-                data.parent_pci_bus_id, data.parent_minor, data.slurm_gpu_index, data.slurm_shards
+                "   for slurm-bridge: parent GPU {} (minor {}), Slurm GPU index {} (from {}), {} shard(s)",
+                data.parent_pci_bus_id,
+                data.parent_minor,
+                data.slurm_gpu_index.unwrap_or(d.gpu_index),
+                data.slurm_gpu_index_source,
+                data.slurm_shards
             )?;
         }
         for id in cdi_ids {
@@ -295,7 +305,8 @@ impl Demo<'_> {
                 memory_mib: gpu.memory_mib,
                 driver_version: gpu.driver_version.clone(),
                 cuda_compute_capability: gpu.cuda_compute_capability,
-                slurm_index: gpu.index,
+                slurm_index: Some(gpu.index),
+                slurm_index_source: Source::Nvml.as_str().into(),
                 shards_per_gpu: model.memory_slices,
             };
             let devices: Vec<Device> = gpu_devices(&model, &identity, mode, false, &[]);

@@ -12,6 +12,8 @@ mod profiles;
 mod serve;
 mod sim;
 mod slices;
+mod slurmflags;
+mod status;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -42,6 +44,8 @@ pub struct Global {
     pub output: Format,
     #[command(flatten)]
     pub node: NodeFlags,
+    #[command(flatten)]
+    pub slurm: slurmflags::SlurmFlags,
 }
 
 /// Where this node's plugin keeps its files, and how it treats MIG GPUs.
@@ -116,6 +120,9 @@ pub enum Command {
     Layout,
     /// The ResourceSlices serve would publish for this node, as a dry run (validated)
     Slices(slices::Args),
+    /// Per GPU: NVML index, minor, PCI bus ID, UUID, Slurm index and its source, MIG mode, and the
+    /// instances with their claims. Reads only.
+    Status,
     /// Drive the simulated GPUs by hand
     #[command(subcommand)]
     Sim(sim::SimCommand),
@@ -160,6 +167,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
     match cli.command {
         Command::Profiles(args) => profiles::run(&args, &cli.global, out),
         Command::Layout => layout::run(&cli.global, out),
+        Command::Status => status::run(&cli.global, out),
         Command::Slices(args) => slices::run(&args, &cli.global, out),
         Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),
         Command::Claims(args) => claims::run(&args, &cli.global, out),

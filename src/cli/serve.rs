@@ -69,7 +69,17 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     init_logging(args.log_format);
     let engine = Arc::new(backend::engine(global)?);
     for g in engine.gpus() {
-        tracing::info!(index = g.info.index, minor = g.info.minor, uuid = %g.info.uuid, model = %g.model.key, mode = g.mode.as_str(), "GPU");
+        let slurm_index = g.slurm.index.map_or_else(|| "none".to_string(), |i| i.to_string());
+        tracing::info!(index = g.info.index, minor = g.info.minor, uuid = %g.info.uuid, model = %g.model.key, mode = g.mode.as_str(), slurm_index, slurm_source = %g.slurm.source, slurm_shards = g.slurm.shards, "GPU");
+    }
+    let slurm = engine.slurm();
+    tracing::info!(source = %slurm.source, rule = %slurm.rule, "Slurm GPU index");
+    for n in &slurm.notes {
+        if n.warning {
+            tracing::warn!("Slurm GPU index: {}", n.message);
+        } else {
+            tracing::info!("Slurm GPU index: {}", n.message);
+        }
     }
     let report = engine.recover().map_err(|e| CliError::Failed(e.to_string()))?;
     if let Some((moved, reason)) = &report.corrupt {

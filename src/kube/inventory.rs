@@ -21,6 +21,7 @@ pub fn identity(gpu: &GpuEntry) -> GpuIdentity {
         driver_version: i.driver_version.clone(),
         cuda_compute_capability: i.cuda_compute_capability,
         slurm_index: gpu.slurm.index,
+        slurm_index_source: gpu.slurm.source.as_str().into(),
         shards_per_gpu: gpu.slurm.shards,
     }
 }
@@ -39,7 +40,8 @@ pub fn existing_instances(backend: &dyn GpuBackend, gpu: &GpuEntry) -> Result<Ve
     gis.sort_by_key(|g| g.start);
     for gi in gis {
         if let Some(ci) = backend.compute_instances(&gpu.info.uuid, gi.id)?.into_iter().next() {
-            out.push(ExistingInstance { profile_id: gi.profile_id, start: gi.start, uuid: ci.uuid });
+            let slurm_index = gpu.slurm.mig_index(gi.id, ci.id);
+            out.push(ExistingInstance { profile_id: gi.profile_id, start: gi.start, uuid: ci.uuid, slurm_index });
         }
     }
     Ok(out)

@@ -711,7 +711,8 @@ mod tests {
             memory_mib: m.memory_mib,
             driver_version: "580.95.05".into(),
             cuda_compute_capability: m.cuda_compute_capability,
-            slurm_index: index,
+            slurm_index: Some(index),
+            slurm_index_source: "nvml".into(),
             shards_per_gpu: m.memory_slices,
         };
         let counter_set =

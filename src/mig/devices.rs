@@ -45,8 +45,10 @@ pub struct GpuIdentity {
     pub memory_mib: u64,
     pub driver_version: String,
     pub cuda_compute_capability: (u32, u32),
-    /// The GPU's index in Slurm's GRES list.
-    pub slurm_index: u32,
+    /// The GPU's index in Slurm's GRES list; `None` when Slurm lists only its MIG instances.
+    pub slurm_index: Option<u32>,
+    /// What decided `slurm_index` (`admin-map`, `slurmd`, `gres.conf`, `nvml`).
+    pub slurm_index_source: String,
     /// Slurm shards that stand for the whole GPU.
     pub shards_per_gpu: u32,
 }
@@ -114,6 +116,8 @@ pub struct ExistingInstance {
     pub profile_id: u32,
     pub start: u32,
     pub uuid: String,
+    /// The instance's own index when Slurm lists it as a GPU (static MIG in gres.conf or AutoDetect).
+    pub slurm_index: Option<u32>,
 }
 
 /// Semantic version from a driver or CUDA version: `580.95.05` → `580.95.5`, `9.0` → `9.0.0`.
@@ -132,17 +136,21 @@ pub fn shards_for(size: u32, memory_slices: u32, shards_per_gpu: u32) -> u32 {
 fn common(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode) -> BTreeMap<String, AttributeValue> {
     use AttributeValue::*;
     let (major, minor) = gpu.cuda_compute_capability;
-    BTreeMap::from([
+    let mut attributes = BTreeMap::from([
         ("productName".into(), String(gpu.product_name.clone())),
         ("index".into(), Int(gpu.index.into())),
         ("minor".into(), Int(gpu.minor.into())),
-        ("slurmGpuIndex".into(), Int(gpu.slurm_index.into())),
+        ("slurmGpuIndexSource".into(), String(gpu.slurm_index_source.clone())),
         ("migMode".into(), String(mode.as_str().into())),
         ("architecture".into(), String(model.architecture.clone())),
         ("cudaComputeCapability".into(), Version(semver(&format!("{major}.{minor}")))),
         ("driverVersion".into(), Version(semver(&gpu.driver_version))),
         (PCI_BUS_ID.into(), String(gpu.pci_bus_id.clone())),
-    ])
+    ]);
+    if let Some(i) = gpu.slurm_index {
+        attributes.insert("slurmGpuIndex".into(), Int(i.into()));
+    }
+    attributes
 }
 
 /// The whole GPU as one device; with `counters`, it consumes the GPU's entire counter set.
@@ -233,8 +241,14 @@ pub fn gpu_devices(
     whole_gpu: bool,
     existing: &[ExistingInstance],
 ) -> Vec<Device> {
-    let uuid_at =
-        |p: &GiProfile, s: u32| existing.iter().find(|e| e.profile_id == p.id && e.start == s).map(|e| e.uuid.as_str());
+    let at = |p: &GiProfile, s: u32| existing.iter().find(|e| e.profile_id == p.id && e.start == s);
+    let uuid_at = |p: &GiProfile, s: u32| at(p, s).map(|e| e.uuid.as_str());
+    let with_mig_index = |mut d: Device, e: Option<&ExistingInstance>| {
+        if let Some(i) = e.and_then(|e| e.slurm_index) {
+            d.attributes.insert("slurmMigIndex".into(), AttributeValue::Int(i.into()));
+        }
+        d
+    };
     match mode {
         GpuMode::Full => vec![full_gpu_device(model, gpu, mode, false)],
         GpuMode::Dynamic => {
@@ -244,7 +258,7 @@ pub fn gpu_devices(
             }
             for p in &model.profiles {
                 for &s in &p.placements {
-                    out.push(mig_device(model, gpu, mode, p, s, uuid_at(p, s), true));
+                    out.push(with_mig_index(mig_device(model, gpu, mode, p, s, uuid_at(p, s), true), at(p, s)));
                 }
             }
             out
@@ -253,7 +267,7 @@ pub fn gpu_devices(
             .iter()
             .filter_map(|e| {
                 let p = model.profile(e.profile_id)?;
-                Some(mig_device(model, gpu, mode, p, e.start, Some(&e.uuid), false))
+                Some(with_mig_index(mig_device(model, gpu, mode, p, e.start, Some(&e.uuid), false), Some(e)))
             })
             .collect(),
     }
@@ -275,7 +289,8 @@ mod tests {
             memory_mib: model.memory_mib,
             driver_version: "580.95.05".into(),
             cuda_compute_capability: model.cuda_compute_capability,
-            slurm_index: 5,
+            slurm_index: Some(5),
+            slurm_index_source: "gres.conf".into(),
             shards_per_gpu: model.memory_slices,
         }
     }
@@ -284,7 +299,19 @@ mod tests {
     fn every_device_of_every_model_is_within_the_limits() {
         for m in models() {
             let gpu = identity(m);
-            for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[]) {
+            // Every attribute at once: an existing instance that Slurm lists in every placement.
+            let existing: Vec<ExistingInstance> = m
+                .profiles
+                .iter()
+                .flat_map(|p| p.placements.iter().map(|&start| (p.id, start)))
+                .map(|(profile_id, start)| ExistingInstance {
+                    profile_id,
+                    start,
+                    uuid: "MIG-x".into(),
+                    slurm_index: Some(1),
+                })
+                .collect();
+            for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &existing) {
                 assert!(is_dns_label(&d.name), "{}", d.name);
                 assert!(d.attributes.len() + d.capacity.len() <= MAX_ATTRIBUTES_AND_CAPACITIES, "{}", d.name);
                 let (set, used) = d.consumes.as_ref().expect("dynamic devices consume counters");
@@ -336,12 +363,22 @@ mod tests {
     #[test]
     fn static_mode_publishes_exactly_the_existing_instances_with_uuids() {
         let m = model("h100-80gb").unwrap();
-        let existing = [ExistingInstance { profile_id: 19, start: 6, uuid: "MIG-a".into() }];
-        let devices = gpu_devices(m, &identity(m), GpuMode::Static, true, &existing);
-        assert_eq!(devices.len(), 1);
+        let existing = [
+            ExistingInstance { profile_id: 19, start: 6, uuid: "MIG-a".into(), slurm_index: Some(9) },
+            ExistingInstance { profile_id: 19, start: 5, uuid: "MIG-b".into(), slurm_index: None },
+        ];
+        let mut gpu = identity(m);
+        gpu.slurm_index = None;
+        let devices = gpu_devices(m, &gpu, GpuMode::Static, true, &existing);
+        assert_eq!(devices.len(), 2);
         assert_eq!(devices[0].name, "gpu-3-mig-1g10gb-19-6");
-        assert_eq!(devices[0].attributes["uuid"], AttributeValue::String("MIG-a".into()));
-        assert_eq!(devices[0].attributes["slurmShards"], AttributeValue::Int(1));
+        let a = &devices[0].attributes;
+        assert_eq!(a["uuid"], AttributeValue::String("MIG-a".into()));
+        assert_eq!(a["slurmShards"], AttributeValue::Int(1));
+        assert_eq!(a["slurmMigIndex"], AttributeValue::Int(9));
+        assert_eq!(a["slurmGpuIndexSource"], AttributeValue::String("gres.conf".into()));
+        assert!(!a.contains_key("slurmGpuIndex"), "Slurm lists only the instances, not their GPU");
+        assert!(!devices[1].attributes.contains_key("slurmMigIndex"));
     }
 
     #[test]

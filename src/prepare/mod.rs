@@ -15,13 +15,14 @@ mod recovery;
 mod status;
 
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
-pub use status::{DeviceStatusData, Placement, SlurmGpu, status_data};
+pub use status::{DeviceStatusData, Placement, status_data};
 
 use crate::cdi::{self, CdiError, CdiWriter};
 use crate::claims::{AllocationResult, ClaimRef};
 use crate::gpu::{GpuBackend, GpuError, GpuInfo, GpuInstance, NvmlCode};
 use crate::mig::catalog::GpuModel;
 use crate::mig::devices::GpuMode;
+use crate::slurm::{self, GpuSlurm, NodeGpu, NodeMig, Resolution};
 use crate::state::{
     Checkpoint, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord, StateError,
 };
@@ -147,8 +148,8 @@ pub struct Options {
     pub cdi_dir: PathBuf,
     /// Longest wait for another process's GPU lock.
     pub lock_timeout: Duration,
-    /// Slurm shards per GPU; `None` = the GPU's memory-slice count.
-    pub shards_per_gpu: Option<u32>,
+    /// Where each GPU's Slurm index and shards come from.
+    pub slurm: slurm::Settings,
 }
 
 impl Options {
@@ -163,7 +164,7 @@ impl Options {
             state_dir,
             cdi_dir,
             lock_timeout: Duration::from_secs(10),
-            shards_per_gpu: None,
+            slurm: slurm::Settings::none(pool),
         }
     }
 }
@@ -174,8 +175,31 @@ pub struct GpuEntry {
     pub info: GpuInfo,
     pub model: GpuModel,
     pub mode: GpuMode,
-    pub slurm: SlurmGpu,
+    pub slurm: GpuSlurm,
     lock: GpuLock,
+}
+
+/// What the Slurm sources need to know about a GPU: its device files, and for a MIG GPU the
+/// existing instances with their capability minors (Slurm may list them as GPUs).
+fn node_gpu(backend: &dyn GpuBackend, info: &GpuInfo, model: &GpuModel) -> Result<NodeGpu, GpuError> {
+    let mut migs = Vec::new();
+    if info.mig_enabled {
+        for gi in backend.gpu_instances(&info.uuid)? {
+            for ci in backend.compute_instances(&info.uuid, gi.id)? {
+                let (gi_cap, ci_cap) = backend.mig_capability_minors(info.minor, gi.id, ci.id)?;
+                migs.push(NodeMig { gi: gi.id, ci: ci.id, gi_cap, ci_cap });
+            }
+        }
+    }
+    Ok(NodeGpu {
+        nvml_index: info.index,
+        minor: info.minor,
+        uuid: info.uuid.clone(),
+        pci_bus_id: info.pci_bus_id.clone(),
+        mig_enabled: info.mig_enabled,
+        memory_slices: model.memory_slices,
+        migs,
+    })
 }
 
 /// One prepared device, as the kubelet needs it plus the status data for the claim.
@@ -197,6 +221,7 @@ pub struct Engine {
     opts: Options,
     boot_id: String,
     hook: Option<Hook>,
+    slurm: Resolution,
 }
 
 /// What one device of a claim holds on the hardware while a prepare runs, for rollback.
@@ -214,6 +239,7 @@ impl Engine {
     pub fn new(backend: Arc<dyn GpuBackend>, opts: Options) -> Result<Self, PrepareError> {
         let boot_id = backend.boot_id().map_err(PrepareError::Discovery)?;
         let mut gpus = Vec::new();
+        let mut found = Vec::new();
         for info in backend.gpus().map_err(PrepareError::Discovery)? {
             let model = backend.model(&info.uuid).map_err(PrepareError::Discovery)?;
             let mode = if !info.mig_enabled {
@@ -224,13 +250,17 @@ impl Engine {
                     .find(|(sel, _)| sel.eq_ignore_ascii_case(&info.uuid) || *sel == info.index.to_string())
                     .map_or(opts.mig_mode, |(_, m)| *m)
             };
-            let slurm = SlurmGpu {
-                index: info.index,
-                shards: opts.shards_per_gpu.unwrap_or(model.memory_slices),
-                memory_slices: model.memory_slices,
-            };
+            found.push((info, model, mode));
+        }
+        let node_gpus = found
+            .iter()
+            .map(|(info, model, _)| node_gpu(backend.as_ref(), info, model))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(PrepareError::Discovery)?;
+        let slurm = slurm::resolve(&opts.slurm, &node_gpus);
+        for ((info, model, mode), s) in found.into_iter().zip(&slurm.gpus) {
             let lock = GpuLock::new(&opts.state_dir, &info.uuid);
-            gpus.push(GpuEntry { info, model, mode, slurm, lock });
+            gpus.push(GpuEntry { info, model, mode, slurm: s.clone(), lock });
         }
         create_private_dir(&opts.state_dir).map_err(|e| {
             PrepareError::Discovery(GpuError::Invalid(format!("failed to create {}: {e}", opts.state_dir.display())))
@@ -243,7 +273,13 @@ impl Engine {
             opts,
             boot_id,
             hook: None,
+            slurm,
         })
+    }
+
+    /// How each GPU's Slurm index was decided, with the warnings to log.
+    pub fn slurm(&self) -> &Resolution {
+        &self.slurm
     }
 
     /// Call `hook` at every [`Step`] (tests use it to crash there).
@@ -616,9 +652,14 @@ impl Engine {
         rec.devices
             .iter()
             .map(|d| {
-                let slurm = self
-                    .gpu(&d.gpu_uuid)
-                    .map_or(SlurmGpu { index: d.gpu_index, shards: 1, memory_slices: 1 }, |g| g.slurm);
+                let unknown = GpuSlurm {
+                    index: Some(d.gpu_index),
+                    source: slurm::Source::Nvml,
+                    shards: 1,
+                    memory_slices: 1,
+                    migs: Vec::new(),
+                };
+                let slurm = self.gpu(&d.gpu_uuid).map_or(&unknown, |g| &g.slurm);
                 PreparedDevice {
                     requests: d.requests.clone(),
                     pool: d.pool.clone(),

@@ -2,6 +2,7 @@
 //! so slurm-bridge can reserve the matching capacity in Slurm.
 
 use crate::mig::devices::shards_for;
+use crate::slurm::{GpuSlurm, Source};
 use crate::state::{DeviceRecord, MigRecord};
 use serde::{Deserialize, Serialize};
 
@@ -16,7 +17,14 @@ pub struct DeviceStatusData {
     #[serde(rename = "parentPCIBusID")]
     pub parent_pci_bus_id: String,
     pub parent_minor: u32,
-    pub slurm_gpu_index: u32,
+    /// The parent GPU's index in Slurm's GRES list; absent when Slurm lists only its MIG instances.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_gpu_index: Option<u32>,
+    /// What decided `slurmGpuIndex`: `admin-map`, `slurmd`, `gres.conf` or `nvml`.
+    pub slurm_gpu_index_source: Source,
+    /// The MIG instance's own index, when Slurm lists it as a GPU (static MIG).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_mig_index: Option<u32>,
     pub slurm_shards: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
@@ -36,16 +44,8 @@ pub struct Placement {
     pub size: u32,
 }
 
-/// Slurm facts of one GPU: its index in Slurm's GRES list and the shards that stand for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlurmGpu {
-    pub index: u32,
-    pub shards: u32,
-    pub memory_slices: u32,
-}
-
 /// Status data of a prepared device.
-pub fn status_data(d: &DeviceRecord, slurm: SlurmGpu) -> DeviceStatusData {
+pub fn status_data(d: &DeviceRecord, slurm: &GpuSlurm) -> DeviceStatusData {
     let shards = |m: &MigRecord| shards_for(m.size, slurm.memory_slices, slurm.shards);
     DeviceStatusData {
         mig_uuid: d.mig.as_ref().and_then(|m| m.uuid.clone()),
@@ -53,6 +53,8 @@ pub fn status_data(d: &DeviceRecord, slurm: SlurmGpu) -> DeviceStatusData {
         parent_pci_bus_id: d.pci_bus_id.clone(),
         parent_minor: d.gpu_minor,
         slurm_gpu_index: slurm.index,
+        slurm_gpu_index_source: slurm.source,
+        slurm_mig_index: d.mig.as_ref().and_then(|m| slurm.mig_index(m.gi_id?, m.ci_id?)),
         slurm_shards: d.mig.as_ref().map_or(slurm.shards, shards),
         profile: d.mig.as_ref().map(|m| m.profile.clone()),
         profile_id: d.mig.as_ref().map(|m| m.profile_id),

@@ -1,0 +1,377 @@
+//! The Slurm index migdra reports against a real Slurm: Debian's slurmctld and slurmd on
+//! localhost (as root, no systemd: proctrack/linuxproc, task/none, select/cons_tres, AutoDetect=off)
+//! with fake `/dev/nvidiaN` character devices for twelve simulated H100s.
+//!
+//! The GPUs' minors do not follow NVML order, slurm.conf names the types in yet another order
+//! (string order: t10 before t2), gres.conf lists them in a third, with ranges, an Include, a line
+//! for another node, comments, Cores= and per-GPU shard counts. A job for each GPU (a per-GPU Type
+//! lets it pick one; two take shards instead) reports its GPU's index (`scontrol show job -d`,
+//! IDX); migdra must compute the same index for that device file from `slurmd -G` and from its
+//! gres.conf emulation, and publish it with its source and shard count in the slices and the claim
+//! status.
+//!
+//! Needs root and `hack/slurm-deps.sh` (which .ci/run calls). Without Slurm installed the test says
+//! so and passes, unless MIGDRA_REQUIRE_SLURM=1 (set by .ci/run), where it fails.
+
+#![allow(clippy::print_stdout)] // the test prints what it compared
+
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GPUS: usize = 12;
+const SBIN: &str = "/usr/sbin";
+
+fn migdra(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_migdra"))
+        .args(["--sim-state", dir.join("sim.json").to_str().unwrap(), "--node-name", "node-a"])
+        .args(["--state-dir", dir.join("state").to_str().unwrap(), "--cdi-dir", dir.join("cdi").to_str().unwrap()])
+        .args(["--claims-dir", dir.join("claims").to_str().unwrap()])
+        .args(args)
+        .env_remove("MIGDRA_SIM_FAULTS")
+        .env_remove("MIGDRA_OUTPUT")
+        .env_remove("MIGDRA_SLURM_INDEX_MAP")
+        .env_remove("MIGDRA_SHARDS_PER_GPU")
+        .output()
+        .expect("run migdra");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn run(cmd: &str, args: &[&str], conf: &Path) -> String {
+    let out = Command::new(cmd).args(args).env("SLURM_CONF", conf).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Whether Slurm can run here; `Err` says what is missing.
+fn slurm_ready() -> Result<(), String> {
+    for bin in ["slurmctld", "slurmd", "munged"] {
+        if !Path::new(SBIN).join(bin).exists() {
+            return Err(format!("{SBIN}/{bin} is missing (bash hack/slurm-deps.sh installs Slurm)"));
+        }
+    }
+    let munge = Command::new("sh").args(["-c", "munge -n | unmunge >/dev/null"]).status();
+    if !munge.is_ok_and(|s| s.success()) {
+        return Err("munged is not running (bash hack/slurm-deps.sh starts it)".into());
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n")) {
+        return Err("not root: slurmd runs as root here and the fake GPUs need mknod".into());
+    }
+    Ok(())
+}
+
+/// slurmctld and slurmd in the foreground, killed on drop.
+struct Cluster {
+    conf: PathBuf,
+    daemons: Vec<Child>,
+    dir: PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel").arg("--full").arg("-u").arg("root").env("SLURM_CONF", &self.conf).status();
+        for d in &mut self.daemons {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        for log in ["slurmctld.log", "slurmd.log"] {
+            if std::thread::panicking()
+                && let Ok(text) = std::fs::read_to_string(self.dir.join(log))
+            {
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                println!("--- {log} (last lines, newest first)\n{}", tail.join("\n"));
+            }
+        }
+    }
+}
+
+impl Cluster {
+    fn start(dir: &Path, host: &str, gres: &str) -> Self {
+        let conf = dir.join("slurm.conf");
+        let port = 17000 + (std::process::id() % 2000) * 2;
+        for sub in ["ctld", "d"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let d = dir.display();
+        std::fs::write(
+            &conf,
+            format!(
+                "ClusterName=migdra\nSlurmctldHost={host}(127.0.0.1)\nSlurmUser=root\nSlurmdUser=root\n\
+                 SlurmctldPort={port}\nSlurmdPort={}\nAuthType=auth/munge\nStateSaveLocation={d}/ctld\n\
+                 SlurmdSpoolDir={d}/d\nSlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
+                 SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.log\nProctrackType=proctrack/linuxproc\n\
+                 TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
+                 MpiDefault=none\nSwitchType=switch/none\nReturnToService=2\nSelectType=select/cons_tres\n\
+                 SelectTypeParameters=CR_Core\nSchedulerParameters=bf_interval=1\nGresTypes=gpu,shard\n\
+                 SlurmdParameters=config_overrides\n\
+                 NodeName={host} NodeAddr=127.0.0.1 CPUs=32 RealMemory=20000 Gres={gres} State=UNKNOWN\n\
+                 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
+                port + 1
+            ),
+        )
+        .unwrap();
+        let spawn = |bin: &str, args: &[&str]| {
+            Command::new(Path::new(SBIN).join(bin))
+                .args(args)
+                .arg("-f")
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let mut cluster = Self { conf: conf.clone(), daemons: Vec::new(), dir: dir.to_path_buf() };
+        cluster.daemons.push(spawn("slurmctld", &["-D", "-i"]));
+        std::thread::sleep(Duration::from_millis(500));
+        cluster.daemons.push(spawn("slurmd", &["-D", "-N", host]));
+        cluster.wait_for(|c| c.scontrol(&["show", "node", host]).contains("State=IDLE"), "node IDLE");
+        cluster
+    }
+
+    fn scontrol(&self, args: &[&str]) -> String {
+        Command::new("scontrol")
+            .args(args)
+            .env("SLURM_CONF", &self.conf)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    fn wait_for(&self, ok: impl Fn(&Self) -> bool, what: &str) {
+        let start = Instant::now();
+        while !ok(self) {
+            assert!(start.elapsed() < Duration::from_secs(60), "waited 60 s for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Submit a job holding `gres` and return its ID.
+    fn submit(&self, name: &str, gres: &str) -> String {
+        run(
+            "sbatch",
+            &["--parsable", "-J", name, "-o", "/dev/null", &format!("--gres={gres}"), "--wrap", "sleep 600"],
+            &self.conf,
+        )
+        .trim()
+        .to_string()
+    }
+
+    /// The GPU index of a running job, from `scontrol show job -d` (`GRES=gpu:t3:1(IDX:4)`).
+    fn job_index(&self, id: &str) -> u32 {
+        let text = self.scontrol(&["show", "job", "-d", id]);
+        let at = text.find("(IDX:").unwrap_or_else(|| panic!("job {id} has no IDX: {text}")) + 5;
+        let idx = &text[at..at + text[at..].find(')').unwrap()];
+        idx.parse().unwrap_or_else(|_| panic!("job {id}: IDX {idx} is not one index"))
+    }
+}
+
+#[test]
+fn migdra_computes_the_index_slurmd_gives_each_gpu() {
+    if let Err(why) = slurm_ready() {
+        assert!(std::env::var("MIGDRA_REQUIRE_SLURM").as_deref() != Ok("1"), "Slurm is required here: {why}");
+        println!("SKIPPED (set MIGDRA_REQUIRE_SLURM=1 to fail instead): {why}");
+        return;
+    }
+    let tmp = tempfile::Builder::new().prefix("migdra-slurm").tempdir_in("/tmp").unwrap();
+    let dir = tmp.path();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+
+    // Twelve GPUs; their minors, in NVML order, are not 0..11 in order.
+    let sim = dir.join("sim.json");
+    Command::new(env!("CARGO_BIN_EXE_migdra"))
+        .args(["--sim", &format!("h100-80gb:{GPUS}"), "--sim-state", sim.to_str().unwrap(), "layout"])
+        .output()
+        .unwrap();
+    let layout: Value = serde_json::from_str(&migdra(dir, &["layout", "-o", "json"])).unwrap();
+    let minors: Vec<u32> =
+        layout["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap() as u32).collect();
+    let uuids: Vec<String> =
+        layout["gpus"].as_array().unwrap().iter().map(|g| g["uuid"].as_str().unwrap().into()).collect();
+    assert_eq!(minors.len(), GPUS);
+    let dev = dir.join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for m in &minors {
+        let path = dev.join(format!("nvidia{m}"));
+        run("mknod", &[path.to_str().unwrap(), "c", "195", &m.to_string()], Path::new("/dev/null"));
+    }
+    let file = |nvml: usize| format!("{}/nvidia{}", dev.display(), minors[nvml]);
+
+    // Types: a100 = NVML 0, 5, 9 (one range line); big = NVML 3, 7 (two lines); one type per
+    // other GPU, t<minor>. Shards per GPU differ so each count is checked.
+    let a100 = [0, 5, 9];
+    let big = [3, 7];
+    let single: Vec<usize> = (0..GPUS).filter(|i| !a100.contains(i) && !big.contains(i)).collect();
+    let ty = |i: usize| format!("t{}", minors[i]);
+    let shards = |i: usize| -> u32 { if a100.contains(&i) { 8 } else { [4, 6, 8, 10][i % 4] } };
+    let mut types: Vec<String> = single.iter().map(|&i| ty(i)).collect();
+    types.sort(); // string order: t10 before t2, unlike minors or NVML
+    let total: u32 = (0..GPUS).map(shards).sum();
+    let gres_items: Vec<String> = types
+        .iter()
+        .map(|t| format!("gpu:{t}:1"))
+        .chain(["gpu:big:2".into(), "gpu:a100:3".into(), format!("shard:{total}")])
+        .collect();
+
+    let mut gres = String::from("AutoDetect=off\n# the cluster's GPUs, not in NVML order\n");
+    gres += "NodeName=elsewhere[1-4] Name=gpu Type=t99 File=/dev/nvidia99\n";
+    let a100_minors: Vec<String> = a100.iter().map(|&i| minors[i].to_string()).collect();
+    gres += &format!("Name=gpu Type=a100 File={}/nvidia[{}] Cores=0-7\n", dev.display(), a100_minors.join(","));
+    for &i in single.iter().rev().take(3) {
+        gres += &format!("NodeName={host} Name=gpu Type={} File={} Count=1\n", ty(i), file(i));
+    }
+    gres += &format!("Name=gpu Type=big File={}\nInclude {}/gres-more.conf\n", file(big[1]), dir.display());
+    let mut more = String::from("# included\n");
+    for &i in single.iter().rev().skip(3) {
+        more += &format!("Name=gpu Type={} File={}\n", ty(i), file(i));
+    }
+    more += &format!("Name=gpu Type=big File={} # the other big one\n", file(big[0]));
+    std::fs::write(dir.join("gres-more.conf"), more).unwrap();
+    gres += &format!("Name=shard Count=24 File={}/nvidia[{}]\n", dev.display(), a100_minors.join(","));
+    for i in (0..GPUS).filter(|i| !a100.contains(i)) {
+        gres += &format!("Name=shard Count={} File={}\n", shards(i), file(i));
+    }
+    std::fs::write(dir.join("gres.conf"), &gres).unwrap();
+    let cluster = Cluster::start(dir, &host, &gres_items.join(","));
+
+    // One job per GPU; two of the single GPUs take shards, which carry their GPU's index too.
+    let shard_jobs = [single[0], single[2]];
+    let mut jobs: Vec<(String, Vec<usize>)> = Vec::new();
+    for &i in &single {
+        let gres = if shard_jobs.contains(&i) { format!("shard:{}:2", ty(i)) } else { format!("gpu:{}:1", ty(i)) };
+        jobs.push((cluster.submit(&ty(i), &gres), vec![i]));
+    }
+    for _ in big {
+        jobs.push((cluster.submit("big", "gpu:big:1"), big.to_vec()));
+    }
+    for _ in a100 {
+        jobs.push((cluster.submit("a100", "gpu:a100:1"), a100.to_vec()));
+    }
+    cluster.wait_for(
+        |c| jobs.iter().all(|(id, _)| c.scontrol(&["show", "job", id]).contains("JobState=RUNNING")),
+        "every job RUNNING",
+    );
+    let slurm_idx: Vec<(u32, &Vec<usize>)> = jobs.iter().map(|(id, gpus)| (cluster.job_index(id), gpus)).collect();
+
+    let mut computed = Vec::new();
+    let common = ["--slurm-conf", cluster.conf.to_str().unwrap(), "--slurm-node-name", &host];
+    for (slurmd, want_source) in [(format!("{SBIN}/slurmd"), "slurmd"), ("none".to_string(), "gres.conf")] {
+        let mut args = vec!["status", "-o", "json", "--slurmd", &slurmd];
+        args.extend(common);
+        let status: Value = serde_json::from_str(&migdra(dir, &args)).unwrap();
+        assert_eq!(status["slurm"]["source"], want_source, "{}", status["slurm"]);
+        let warnings: Vec<&Value> =
+            status["slurm"]["notes"].as_array().unwrap().iter().filter(|n| n["warning"] == true).collect();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let gpus = status["gpus"].as_array().unwrap();
+        let ours: Vec<u32> = gpus.iter().map(|g| g["slurmGpuIndex"].as_u64().unwrap() as u32).collect();
+        for (idx, on) in &slurm_idx {
+            if let [i] = on.as_slice() {
+                assert_eq!(ours[*i], *idx, "{want_source}: GPU {} ({}) has Slurm IDX {idx}", minors[*i], ty(*i));
+            }
+        }
+        for group in [&a100[..], &big[..]] {
+            let theirs: BTreeSet<u32> =
+                slurm_idx.iter().filter(|(_, on)| on.as_slice() == group).map(|(i, _)| *i).collect();
+            let mine: BTreeSet<u32> = group.iter().map(|&i| ours[i]).collect();
+            assert_eq!(mine, theirs, "{want_source}: indexes of the GPUs sharing a type");
+        }
+        for (i, g) in gpus.iter().enumerate() {
+            assert_eq!(g["slurmShards"], shards(i), "{want_source}: shards of GPU {}", minors[i]);
+            assert_eq!(g["slurmGpuIndexSource"], want_source);
+        }
+        // The test means something only if Slurm's order is neither NVML's nor the minors'.
+        let nvml: Vec<u32> = (0..GPUS as u32).collect();
+        let mut by_minor: Vec<usize> = (0..GPUS).collect();
+        by_minor.sort_by_key(|&i| minors[i]);
+        let minor_rank: Vec<u32> = (0..GPUS).map(|i| by_minor.iter().position(|&j| j == i).unwrap() as u32).collect();
+        assert_ne!(ours, nvml);
+        assert_ne!(ours, minor_rank);
+        println!("{want_source}: Slurm indexes by NVML index {ours:?} (minors {minors:?})");
+        computed = ours;
+    }
+
+    // The slices and the claim status carry the index, its source and the shards.
+    let mut args = vec!["slices", "-o", "json", "--slurmd", "none"];
+    args.extend(common);
+    let slices: Value = serde_json::from_str(&migdra(dir, &args)).unwrap();
+    let status: Value = serde_json::from_str(&migdra(
+        dir,
+        &[
+            "status",
+            "-o",
+            "json",
+            "--slurmd",
+            "none",
+            "--slurm-conf",
+            cluster.conf.to_str().unwrap(),
+            "--slurm-node-name",
+            &host,
+        ],
+    ))
+    .unwrap();
+    let index_of: BTreeMap<u32, u64> = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["minor"].as_u64().unwrap() as u32, g["slurmGpuIndex"].as_u64().unwrap()))
+        .collect();
+    let driver = "mig.slinky.slurm.net";
+    let mut seen = 0;
+    for d in slices["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+    {
+        let a = &d["attributes"];
+        let attr = |k: &str| a[k].clone(); // unqualified names are the driver's own
+        let minor = attr("minor")["int"].as_u64().unwrap() as u32;
+        let i = minors.iter().position(|m| *m == minor).unwrap();
+        assert_eq!(attr("slurmGpuIndex")["int"].as_u64(), Some(index_of[&minor]), "{}", d["name"]);
+        assert_eq!(attr("slurmGpuIndexSource")["string"], "gres.conf", "{}", d["name"]);
+        let size = attr("memorySlices")["int"].as_u64().unwrap() as u32;
+        assert_eq!(
+            attr("slurmShards")["int"].as_u64(),
+            Some(u64::from((size * shards(i)).div_ceil(8))),
+            "{}",
+            d["name"]
+        );
+        seen += 1;
+    }
+    assert!(seen >= GPUS * 19, "every partition of every GPU: {seen}");
+
+    // A GPU whose Slurm index is neither its minor nor its NVML index.
+    let gpu = *single.iter().find(|&&i| computed[i] != minors[i] && computed[i] != i as u32).unwrap();
+    let device = format!("gpu-{}-mig-3g40gb-9-4", minors[gpu]);
+    let uid = "5b0c1f8e-4c1a-4d2b-9e3f-7a6b5c4d3e2f";
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "notebook", "namespace": "team-a", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": driver, "pool": "node-a", "device": device}]}}}
+    });
+    std::fs::create_dir_all(dir.join("claims")).unwrap();
+    std::fs::write(dir.join("claims").join(format!("{uid}.json")), claim.to_string()).unwrap();
+    let mut args = vec!["claims", "prepare", uid, "-o", "json", "--slurmd", &format!("{SBIN}/slurmd")]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    args.extend(common.iter().map(|s| s.to_string()));
+    let prepared: Value =
+        serde_json::from_str(&migdra(dir, &args.iter().map(String::as_str).collect::<Vec<_>>())).unwrap();
+    let data = &prepared[0]["data"];
+    let job = slurm_idx.iter().find(|(_, on)| on.as_slice() == [gpu]).unwrap().0;
+    assert_eq!(data["slurmGpuIndex"], job, "{data}");
+    assert_eq!(data["slurmGpuIndexSource"], "slurmd", "{data}");
+    assert_eq!(data["slurmShards"], (4 * shards(gpu)).div_ceil(8), "{data}");
+    assert_eq!(data["parentUUID"], uuids[gpu].as_str());
+    println!("claim on GPU minor {}: Slurm IDX {job}, status {data}", minors[gpu]);
+}
