@@ -375,3 +375,76 @@ fn migdra_computes_the_index_slurmd_gives_each_gpu() {
     assert_eq!(data["parentUUID"], uuids[gpu].as_str());
     println!("claim on GPU minor {}: Slurm IDX {job}, status {data}", minors[gpu]);
 }
+
+/// Bad Slurm files never stop the plugin: it publishes with the next source, and `status` and the
+/// slices say which source decided and why the others did not.
+#[test]
+fn bad_slurm_files_fall_back_and_say_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let sim = dir.join("sim.json");
+    Command::new(env!("CARGO_BIN_EXE_migdra"))
+        .args(["--sim", "h100-80gb:2", "--sim-state", sim.to_str().unwrap(), "layout"])
+        .output()
+        .unwrap();
+    let layout: Value = serde_json::from_str(&migdra(dir, &["layout", "-o", "json"])).unwrap();
+    let minors: Vec<u64> = layout["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap()).collect();
+    let uuid0 = layout["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    std::fs::write(dir.join("slurm.conf"), "ClusterName=x\nNodeName=n1 CPUs=4 Gres=gpu:2,shard:6\n").unwrap();
+    let conf = dir.join("slurm.conf");
+    let base = ["--slurm-conf", conf.to_str().unwrap(), "--slurm-node-name", "n1", "--slurmd", "none"];
+    let status = |extra: &[&str]| -> (Value, String) {
+        let mut args = vec!["status", "-o", "json"];
+        args.extend(base);
+        args.extend(extra);
+        let json: Value = serde_json::from_str(&migdra(dir, &args)).unwrap();
+        let mut args = vec!["status"];
+        args.extend(base);
+        args.extend(extra);
+        (json, migdra(dir, &args))
+    };
+
+    // A good gres.conf, GPUs listed in reverse minor order: gres.conf decides, 3 shards each.
+    let (a, b) = (minors[0].max(minors[1]), minors[0].min(minors[1]));
+    std::fs::write(dir.join("gres.conf"), format!("Name=gpu File=/dev/nvidia{a}\nName=gpu File=/dev/nvidia{b}\n"))
+        .unwrap();
+    let (json, table) = status(&[]);
+    assert_eq!(json["slurm"]["source"], "gres.conf");
+    for g in json["gpus"].as_array().unwrap() {
+        let want = if g["minor"] == a { 0 } else { 1 };
+        assert_eq!((g["slurmGpuIndex"].clone(), g["slurmShards"].clone()), (json!(want), json!(3)), "{g}");
+    }
+    assert!(table.contains("Slurm index: gres.conf"), "{table}");
+
+    // gres.conf with a range that does not expand: NVML order, and the reason with file and line.
+    let gres = dir.join("gres.conf");
+    std::fs::write(&gres, format!("# bad\nName=gpu File=/dev/nvidia[{b}-{a}\n")).unwrap();
+    let (json, table) = status(&[]);
+    assert_eq!(json["slurm"]["source"], "nvml");
+    let warning = format!("warning: gres.conf unusable: {}:2: File=/dev/nvidia[{b}-{a}:", gres.display());
+    assert!(table.contains(&warning) && table.contains("falling back to nvml"), "{table}");
+    // The plugin still publishes, saying where the index came from.
+    let mut args = vec!["slices", "-o", "json"];
+    args.extend(base);
+    let slices = migdra(dir, &args);
+    assert!(
+        slices.contains("\"slurmGpuIndexSource\": {\n") && slices.contains("\"string\": \"nvml\""),
+        "source attribute"
+    );
+
+    // A map with a duplicate index falls back to gres.conf, which is fine again.
+    std::fs::write(&gres, format!("Name=gpu File=/dev/nvidia{a}\nName=gpu File=/dev/nvidia{b}\n")).unwrap();
+    let map = dir.join("map.yaml");
+    std::fs::write(&map, format!("{uuid0}: 4\n\"{}\": 4\n", layout["gpus"][1]["pci_bus_id"].as_str().unwrap()))
+        .unwrap();
+    let (json, table) = status(&["--slurm-index-map", map.to_str().unwrap()]);
+    assert_eq!(json["slurm"]["source"], "gres.conf");
+    assert!(table.contains(&format!("{}:2: index 4 is given twice", map.display())), "{table}");
+    // A good map wins, and its disagreement with gres.conf is a loud conflict.
+    std::fs::write(&map, format!("{uuid0}: 7\n\"{}\": 6\n", layout["gpus"][1]["pci_bus_id"].as_str().unwrap()))
+        .unwrap();
+    let (json, table) = status(&["--slurm-index-map", map.to_str().unwrap()]);
+    assert_eq!(json["slurm"]["source"], "admin-map");
+    assert_eq!(json["gpus"][0]["slurmGpuIndex"], 7);
+    assert!(table.contains("warning: CONFLICT: admin-map gives GPU"), "{table}");
+}
