@@ -895,7 +895,7 @@ fn api_calls_list_what_the_source_calls() {
 
 /// Variables the DaemonSet sets for flags that are still being added: (name, issue).
 const PENDING_ENV: &[(&str, &str)] = &[
-    ("MIGDRA_DRIVER_ROOT", "issue 8: where the NVML backend finds libnvidia-ml.so.1"),
+    ("MIGDRA_NVML_LIB", "issue 8: --nvml-lib, the libnvidia-ml.so.1 to load"),
     ("MIGDRA_SLURM_INDEX_MAP", "issue 7: --slurm-index-map FILE"),
 ];
 
@@ -973,6 +973,8 @@ fn daemonset_runs_migdra_as_the_code_expects() {
         assert_eq!(host_path_at(dir), Some(dir), "{dir}");
     }
     assert!(host_path_at("/driver-root").is_some());
+    let nvml_lib = env.get("MIGDRA_NVML_LIB").and_then(|e| e.value.as_deref()).expect("MIGDRA_NVML_LIB is set");
+    assert!(nvml_lib.starts_with("/driver-root/"), "{nvml_lib} is not under the driver root's mount");
 
     // Probes test the sockets the code binds for this pod.
     let sockets =
