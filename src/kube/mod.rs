@@ -9,6 +9,7 @@
 //! - [`status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
 //! - [`events`]: Warning events on failed claims and on the Node.
 
+pub mod api_calls;
 pub mod claims;
 pub mod events;
 pub mod inventory;
