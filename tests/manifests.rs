@@ -351,7 +351,8 @@ fn published(driver: &str) -> Published {
             memory_mib: model.memory_mib,
             driver_version: "580.95.05".into(),
             cuda_compute_capability: model.cuda_compute_capability,
-            slurm_index: 0,
+            slurm_index: Some(0),
+            slurm_index_source: "gres.conf".into(),
             shards_per_gpu: 8,
         };
         let existing: Vec<devices::ExistingInstance> = model
@@ -361,6 +362,7 @@ fn published(driver: &str) -> Published {
                 profile_id: prof.id,
                 start: prof.placements[0],
                 uuid: "MIG-00000000-0000-0000-0000-000000000000".into(),
+                slurm_index: Some(1),
             })
             .collect();
         let all = [

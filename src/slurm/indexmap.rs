@@ -7,7 +7,9 @@
 //! "0000:3b:00.0": 1
 //! ```
 //!
-//! Only this flat YAML subset is read, so every error can name its line.
+//! Only this flat YAML subset is read (plus `{}`, an empty map), so every error can name its line.
+//! One map may serve every node of a cluster: entries for GPUs that are not on a node are ignored
+//! there, so an index may repeat across nodes but not among one node's GPUs.
 
 use super::conf::{ConfError, Location};
 use std::path::Path;
@@ -71,7 +73,7 @@ pub fn normalize_pci(s: &str) -> Option<String> {
 ///
 /// # Errors
 /// The file cannot be read; a line is not `GPU: index`; a GPU is neither a UUID (`GPU-...`) nor a
-/// PCI bus ID; an index is not a non-negative integer; a GPU or an index appears twice.
+/// PCI bus ID; an index is not a non-negative integer; a GPU appears twice.
 pub fn read(path: &Path) -> Result<Vec<Entry>, ConfError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfError {
         at: Location { file: path.to_path_buf(), line: 0 },
@@ -86,7 +88,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<Entry>, ConfError> {
         let at = Location { file: path.to_path_buf(), line: i + 1 };
         let err = |message: String| ConfError { at: at.clone(), message };
         let line = raw.split(" #").next().unwrap_or("").trim();
-        if line.is_empty() || line.starts_with('#') || line == "---" {
+        if line.is_empty() || line.starts_with('#') || line == "---" || line == "{}" {
             continue;
         }
         let (key, value) = line.rsplit_once(':').ok_or_else(|| err(format!("{line:?} is not `GPU: index`")))?;
@@ -98,9 +100,6 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<Entry>, ConfError> {
             value.parse().map_err(|_| err(format!("index {value:?} of {key} is not a non-negative integer")))?;
         if let Some(prev) = out.iter().find(|e| e.gpu == gpu) {
             return Err(err(format!("{gpu} is mapped twice (also at line {})", prev.at.line)));
-        }
-        if let Some(prev) = out.iter().find(|e| e.index == index) {
-            return Err(err(format!("index {index} is given twice ({} at line {} and {gpu})", prev.gpu, prev.at.line)));
         }
         out.push(Entry { gpu, index, at });
     }
@@ -117,6 +116,7 @@ mod tests {
 
     #[test]
     fn reads_uuids_and_bus_ids() {
+        assert_eq!(p("{}\n").unwrap(), []);
         let m = p("# comment\n---\nGPU-ABC-1: 3\n\"00000000:3B:00.0\": 0 # trailing\n3c:00.0: '1'\n").unwrap();
         assert_eq!(m.len(), 3);
         assert_eq!(m[0].gpu, GpuKey::Uuid("GPU-abc-1".into()));
@@ -134,7 +134,6 @@ mod tests {
             ("GPU-a: -1\n", "map.yaml:1: index \"-1\""),
             ("GPU-a: 1.5\n", "not a non-negative integer"),
             ("GPU-a: 1\nGPU-A: 2\n", "map.yaml:2: GPU-a is mapped twice (also at line 1)"),
-            ("GPU-a: 1\n0000:3b:00.0: 1\n", "map.yaml:2: index 1 is given twice (GPU-a at line 1 and 0000:3b:00.0)"),
             ("nvidia0: 1\n", "map.yaml:1: \"nvidia0\" is neither a GPU UUID"),
             ("GPU-a 1\n", "is not `GPU: index`"),
         ] {

@@ -169,7 +169,14 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
     let mut notes = Vec::new();
     let mut answers: Vec<(Source, Result<Answer, String>)> = Vec::new();
     if let Some(map) = &settings.index_map {
-        answers.push((Source::AdminMap, from_map(map, gpus)));
+        match from_map(map, gpus, &mut notes) {
+            Ok(None) => notes.push(info(format!(
+                "{} names no GPU of this node (an empty map, or other nodes' GPUs); the next source decides",
+                map.display()
+            ))),
+            Ok(Some(answer)) => answers.push((Source::AdminMap, Ok(answer))),
+            Err(e) => answers.push((Source::AdminMap, Err(e))),
+        }
     }
     let conf_present = settings.slurm_conf.exists();
     match settings.slurmd.as_deref().and_then(find_binary) {
@@ -290,31 +297,46 @@ fn nvml_order(gpus: &[NodeGpu]) -> Answer {
     }
 }
 
-fn from_map(path: &Path, gpus: &[NodeGpu]) -> Result<Answer, String> {
+/// `None`: the map has nothing for this node's GPUs.
+fn from_map(path: &Path, gpus: &[NodeGpu], notes: &mut Vec<Note>) -> Result<Option<Answer>, String> {
     let entries = indexmap::read(path).map_err(|e| e.to_string())?;
-    let mut indexes = vec![None; gpus.len()];
-    for e in &entries {
-        let i = gpus
-            .iter()
-            .position(|g| e.gpu.matches(&g.uuid, &g.pci_bus_id))
-            .ok_or_else(|| format!("{}: {} is not a GPU on this node ({})", e.at, e.gpu, list_gpus(gpus)))?;
-        indexes[i] = Some(e.index);
+    // By UUID first: a UUID names one GPU in the cluster, a PCI bus ID one slot on every node.
+    let mut chosen: Vec<Option<&indexmap::Entry>> = vec![None; gpus.len()];
+    for (i, g) in gpus.iter().enumerate() {
+        let by_uuid = entries.iter().find(|e| matches!(e.gpu, indexmap::GpuKey::Uuid(_)) && e.gpu.matches(&g.uuid, ""));
+        let by_pci =
+            entries.iter().find(|e| matches!(e.gpu, indexmap::GpuKey::PciBusId(_)) && e.gpu.matches("", &g.pci_bus_id));
+        if let (Some(u), Some(p)) = (by_uuid, by_pci)
+            && u.index != p.index
+        {
+            notes.push(warn(format!(
+                "{}: {} maps GPU {} to {}, but {} ({}) maps its bus ID to {}; using the UUID's",
+                u.at, u.gpu, g.uuid, u.index, p.gpu, p.at, p.index
+            )));
+        }
+        chosen[i] = by_uuid.or(by_pci);
     }
-    if let Some(missing) = indexes.iter().position(Option::is_none) {
-        let g = &gpus[missing];
-        return Err(format!("{} does not map GPU {} ({})", path.display(), g.uuid, g.pci_bus_id));
+    if chosen.iter().all(Option::is_none) {
+        return Ok(None);
     }
-    Ok(Answer {
+    for (i, e) in chosen.iter().enumerate() {
+        let Some(e) = e else {
+            let g = &gpus[i];
+            return Err(format!("{} does not map GPU {} ({})", path.display(), g.uuid, g.pci_bus_id));
+        };
+        if let Some(other) = chosen[..i].iter().flatten().find(|o| o.index == e.index) {
+            return Err(format!(
+                "{}: index {} is given twice on this node ({} at line {} and {})",
+                e.at, e.index, other.gpu, other.at.line, e.gpu
+            ));
+        }
+    }
+    Ok(Some(Answer {
         rule: format!("administrator's map {}", path.display()),
-        indexes,
+        indexes: chosen.iter().map(|e| e.map(|e| e.index)).collect(),
         shards: vec![None; gpus.len()],
         migs: vec![Vec::new(); gpus.len()],
-    })
-}
-
-fn list_gpus(gpus: &[NodeGpu]) -> String {
-    let names: Vec<String> = gpus.iter().map(|g| format!("{} {}", g.uuid, g.pci_bus_id)).collect();
-    format!("GPUs here: {}", names.join(", "))
+    }))
 }
 
 fn from_conf(settings: &Settings, gpus: &[NodeGpu], notes: &mut Vec<Note>) -> Result<Answer, String> {

@@ -157,18 +157,51 @@ fn bad_sources_fall_back_naming_file_and_line() {
     assert_eq!(r.source, Source::GresConf);
     let w = warnings(&r);
     assert!(
-        w[0].contains("map.yaml:2: index 1 is given twice") && w[0].ends_with("falling back to gres.conf"),
+        w[0].contains("map.yaml:2: index 1 is given twice on this node") && w[0].ends_with("falling back to gres.conf"),
         "{w:?}"
     );
 
-    // A map naming a GPU that is not here, or with a non-integer.
-    n.settings.index_map = Some(n.write("map.yaml", "GPU-99: 1\n"));
-    assert!(warnings(&n.resolve(&gpus()))[0].contains("map.yaml:1: GPU-99 is not a GPU on this node"));
+    // A map that does not cover every GPU here, or with a non-integer.
+    n.settings.index_map = Some(n.write("map.yaml", "GPU-99: 1\nGPU-00000000: 0\n"));
+    assert!(warnings(&n.resolve(&gpus()))[0].contains("map.yaml does not map GPU GPU-00000001"));
     n.settings.index_map = Some(n.write("map.yaml", "GPU-00000000: one\n"));
     assert!(
         warnings(&n.resolve(&gpus()))[0]
             .contains("map.yaml:1: index \"one\" of GPU-00000000 is not a non-negative integer")
     );
+}
+
+/// One map for a whole cluster: other nodes' GPUs are ignored, so indexes repeat across nodes;
+/// a map naming none of this node's GPUs (or `{}`) leaves the decision to the next source.
+#[test]
+fn one_map_serves_every_node() {
+    let mut n = Node::new();
+    n.settings.index_map = Some(n.write(
+        "map.yaml",
+        "GPU-other-node-0: 0\nGPU-other-node-1: 1\nGPU-00000000: 3\nGPU-00000001: 2\nGPU-00000002: 1\nGPU-00000003: 0\n",
+    ));
+    let r = n.resolve(&gpus());
+    assert_eq!((r.source, indexes(&r)), (Source::AdminMap, vec![Some(3), Some(2), Some(1), Some(0)]));
+    assert!(warnings(&r).is_empty(), "{:?}", r.notes);
+    // Homogeneous nodes: one map by PCI bus ID fits them all; a UUID entry is more specific.
+    n.settings.index_map = Some(n.write(
+        "map.yaml",
+        "0000:18:00.0: 3\n0000:19:00.0: 2\n0000:1a:00.0: 1\n0000:1b:00.0: 0\nGPU-00000000: 3\nGPU-00000003: 2\n",
+    ));
+    let r = n.resolve(&gpus());
+    let w = warnings(&r);
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w[0].contains("map.yaml:6: GPU-00000003 maps GPU GPU-00000003 to 2, but 0000:1b:00.0 (")
+            && w[0].ends_with("using the UUID's"),
+        "{w:?}"
+    );
+    assert!(w[1].contains("index 2 is given twice on this node"), "{w:?}");
+    n.settings.index_map = Some(n.write("map.yaml", "# none yet\n{}\n"));
+    let r = n.resolve(&gpus());
+    assert_eq!(r.source, Source::Nvml);
+    assert!(warnings(&r).is_empty(), "an empty map is not a problem: {:?}", r.notes);
+    assert!(r.notes.iter().any(|n| n.message.contains("names no GPU of this node")), "{:?}", r.notes);
 }
 
 #[test]
