@@ -2,6 +2,8 @@
 
 use super::{CliError, Global, MigModeFlag};
 use crate::gpu::GpuBackend;
+use crate::gpu::nvml::{NvmlBackend, NvmlOptions};
+use crate::gpu::procfs::Procfs;
 use crate::gpu::sim::{SimBackend, SimSpec};
 use crate::prepare::{Engine, Options, Step};
 use std::sync::Arc;
@@ -23,12 +25,21 @@ pub fn open_sim(global: &Global) -> Result<SimBackend, CliError> {
     Ok(sim.with_env_faults(env_faults.as_deref())?)
 }
 
-/// The backend for read-only commands.
+/// The backend for read-only commands: the simulator when `--sim` or `--sim-state` is given,
+/// NVML otherwise.
 pub fn open(global: &Global) -> Result<Box<dyn GpuBackend>, CliError> {
+    open_with_events(global, false)
+}
+
+/// The backend, with NVML's XID events watched when `events` (the daemon's health stream).
+fn open_with_events(global: &Global, events: bool) -> Result<Box<dyn GpuBackend>, CliError> {
     if global.sim.is_none() && global.sim_state.is_none() {
-        return Err(CliError::Usage(
-            "this build has no NVML backend yet; pass --sim MODEL:COUNT or --sim-state FILE".into(),
-        ));
+        let opts = NvmlOptions {
+            lib_path: global.nvml_lib.clone(),
+            procfs: Procfs::new(&global.procfs_root),
+            watch_events: events,
+        };
+        return Ok(Box::new(NvmlBackend::open(&opts)?));
     }
     Ok(Box::new(open_sim(global)?))
 }
@@ -81,7 +92,7 @@ pub fn engine(global: &Global) -> Result<Engine, CliError> {
         };
         opts.mode_overrides.push((gpu.trim().to_string(), m));
     }
-    let backend: Arc<dyn GpuBackend> = Arc::from(open(global)?);
+    let backend: Arc<dyn GpuBackend> = Arc::from(open_with_events(global, true)?);
     let engine = Engine::new(backend, opts).map_err(|e| CliError::Failed(e.to_string()))?;
     Ok(match std::env::var("MIGDRA_CRASH_AT") {
         Ok(step) => {

@@ -39,6 +39,12 @@ pub struct Global {
     /// File holding the simulated hardware, shared by every process that names it
     #[arg(long, global = true, env = "MIGDRA_SIM_STATE", value_name = "FILE")]
     pub sim_state: Option<std::path::PathBuf>,
+    /// NVML library to load when not simulating [default: libnvidia-ml.so.1 on the loader path]
+    #[arg(long, global = true, env = "MIGDRA_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<std::path::PathBuf>,
+    /// Where the NVIDIA driver's procfs files are read (capability minors, /proc/devices, boot ID)
+    #[arg(long, global = true, env = "MIGDRA_PROCFS_ROOT", value_name = "DIR", default_value = "/proc")]
+    pub procfs_root: std::path::PathBuf,
     /// Output format
     #[arg(short = 'o', long, global = true, env = "MIGDRA_OUTPUT", value_enum, default_value_t)]
     pub output: Format,
@@ -151,7 +157,9 @@ impl From<crate::gpu::GpuError> for CliError {
         match &e {
             GpuError::Invalid(_) | GpuError::UnknownGpu(_) | GpuError::SimState { .. } => Self::Usage(e.to_string()),
             GpuError::Nvml { code: NvmlCode::InvalidArgument, .. } => Self::Usage(e.to_string()),
-            GpuError::Nvml { .. } => Self::Failed(e.to_string()),
+            GpuError::Nvml { .. } | GpuError::Load { .. } | GpuError::Unsupported(_) | GpuError::Procfs { .. } => {
+                Self::Failed(e.to_string())
+            }
         }
     }
 }

@@ -1,15 +1,21 @@
 //! The hardware boundary: what migdra needs from NVML, as one trait.
 //!
 //! [`GpuBackend`] has two implementations: [`sim::SimBackend`], a faithful simulator used by the
-//! tests, the demo and `--sim`, and (later) the real NVML backend. Calls are blocking, like NVML;
-//! async callers run them on a blocking thread.
+//! tests, the demo and `--sim`, and [`nvml::NvmlBackend`], the real one, which loads
+//! libnvidia-ml at run time ([`procfs`] supplies what NVML does not: capability minors and the
+//! boot ID). Both pass one conformance suite (`tests/conformance.rs`). Calls are blocking, like
+//! NVML; async callers run them on a blocking thread.
 
+pub mod nvml;
+pub mod procfs;
 pub mod sim;
+pub mod xid;
 
 use crate::mig::catalog::GpuModel;
 use serde::{Deserialize, Serialize};
 
-/// NVML return codes that migdra distinguishes (values from nvml.h).
+/// Every NVML error code (`nvmlReturn_t` values from nvml.h, API version 13), so an error from
+/// the real library keeps its meaning; a value newer than this list becomes `Unknown`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NvmlCode {
@@ -17,30 +23,68 @@ pub enum NvmlCode {
     InvalidArgument,
     NotSupported,
     NoPermission,
+    AlreadyInitialized,
     NotFound,
     InsufficientSize,
+    InsufficientPower,
+    DriverNotLoaded,
+    Timeout,
+    IrqIssue,
+    LibraryNotFound,
+    FunctionNotFound,
+    CorruptedInforom,
     GpuIsLost,
     ResetRequired,
+    OperatingSystem,
+    LibRmVersionMismatch,
     InUse,
+    Memory,
+    NoData,
+    VgpuEccNotSupported,
     InsufficientResources,
+    FreqNotSupported,
     ArgumentVersionMismatch,
+    Deprecated,
+    NotReady,
+    GpuNotFound,
+    InvalidState,
+    ResetTypeNotSupported,
     Unknown,
 }
 
 impl NvmlCode {
     /// Every code, for parsing and for error messages.
-    pub const ALL: [NvmlCode; 12] = [
+    pub const ALL: [NvmlCode; 31] = [
         Self::Uninitialized,
         Self::InvalidArgument,
         Self::NotSupported,
         Self::NoPermission,
+        Self::AlreadyInitialized,
         Self::NotFound,
         Self::InsufficientSize,
+        Self::InsufficientPower,
+        Self::DriverNotLoaded,
+        Self::Timeout,
+        Self::IrqIssue,
+        Self::LibraryNotFound,
+        Self::FunctionNotFound,
+        Self::CorruptedInforom,
         Self::GpuIsLost,
         Self::ResetRequired,
+        Self::OperatingSystem,
+        Self::LibRmVersionMismatch,
         Self::InUse,
+        Self::Memory,
+        Self::NoData,
+        Self::VgpuEccNotSupported,
         Self::InsufficientResources,
+        Self::FreqNotSupported,
         Self::ArgumentVersionMismatch,
+        Self::Deprecated,
+        Self::NotReady,
+        Self::GpuNotFound,
+        Self::InvalidState,
+        Self::ResetTypeNotSupported,
         Self::Unknown,
     ];
 
@@ -51,13 +95,32 @@ impl NvmlCode {
             Self::InvalidArgument => 2,
             Self::NotSupported => 3,
             Self::NoPermission => 4,
+            Self::AlreadyInitialized => 5,
             Self::NotFound => 6,
             Self::InsufficientSize => 7,
+            Self::InsufficientPower => 8,
+            Self::DriverNotLoaded => 9,
+            Self::Timeout => 10,
+            Self::IrqIssue => 11,
+            Self::LibraryNotFound => 12,
+            Self::FunctionNotFound => 13,
+            Self::CorruptedInforom => 14,
             Self::GpuIsLost => 15,
             Self::ResetRequired => 16,
+            Self::OperatingSystem => 17,
+            Self::LibRmVersionMismatch => 18,
             Self::InUse => 19,
+            Self::Memory => 20,
+            Self::NoData => 21,
+            Self::VgpuEccNotSupported => 22,
             Self::InsufficientResources => 23,
+            Self::FreqNotSupported => 24,
             Self::ArgumentVersionMismatch => 25,
+            Self::Deprecated => 26,
+            Self::NotReady => 27,
+            Self::GpuNotFound => 28,
+            Self::InvalidState => 29,
+            Self::ResetTypeNotSupported => 30,
             Self::Unknown => 999,
         }
     }
@@ -74,13 +137,32 @@ impl NvmlCode {
             Self::InvalidArgument => "invalid-argument",
             Self::NotSupported => "not-supported",
             Self::NoPermission => "no-permission",
+            Self::AlreadyInitialized => "already-initialized",
             Self::NotFound => "not-found",
             Self::InsufficientSize => "insufficient-size",
+            Self::InsufficientPower => "insufficient-power",
+            Self::DriverNotLoaded => "driver-not-loaded",
+            Self::Timeout => "timeout",
+            Self::IrqIssue => "irq-issue",
+            Self::LibraryNotFound => "library-not-found",
+            Self::FunctionNotFound => "function-not-found",
+            Self::CorruptedInforom => "corrupted-inforom",
             Self::GpuIsLost => "gpu-is-lost",
             Self::ResetRequired => "reset-required",
+            Self::OperatingSystem => "operating-system",
+            Self::LibRmVersionMismatch => "lib-rm-version-mismatch",
             Self::InUse => "in-use",
+            Self::Memory => "memory",
+            Self::NoData => "no-data",
+            Self::VgpuEccNotSupported => "vgpu-ecc-not-supported",
             Self::InsufficientResources => "insufficient-resources",
+            Self::FreqNotSupported => "freq-not-supported",
             Self::ArgumentVersionMismatch => "argument-version-mismatch",
+            Self::Deprecated => "deprecated",
+            Self::NotReady => "not-ready",
+            Self::GpuNotFound => "gpu-not-found",
+            Self::InvalidState => "invalid-state",
+            Self::ResetTypeNotSupported => "reset-type-not-supported",
             Self::Unknown => "unknown",
         }
     }
@@ -124,6 +206,15 @@ pub enum GpuError {
     /// Bad input to the simulator (a spec, a fault description).
     #[error("{0}")]
     Invalid(String),
+    /// libnvidia-ml could not be loaded or initialised.
+    #[error("failed to load NVML from {path}: {reason}")]
+    Load { path: String, reason: String },
+    /// The driver or a GPU lacks what migdra needs (the MIG API, MIG profiles).
+    #[error("{0}")]
+    Unsupported(String),
+    /// A procfs file the driver should have written is missing or unreadable.
+    #[error("failed to read {path}: {reason}")]
+    Procfs { path: String, reason: String },
 }
 
 impl GpuError {
@@ -156,6 +247,9 @@ pub struct GpuInfo {
     /// Current MIG mode.
     pub mig_enabled: bool,
     pub driver_version: String,
+    /// The CUDA version the driver supports, `13.0` (`nvmlSystemGetCudaDriverVersion_v2`).
+    #[serde(default)]
+    pub cuda_driver_version: String,
     pub cuda_compute_capability: (u32, u32),
     /// False after a simulated or real XID that makes the GPU unusable.
     #[serde(default = "yes")]

@@ -15,7 +15,7 @@
 //!
 //! GPUs are named by UUID or by NVML index (`"0"`) everywhere.
 
-use super::{ComputeInstance, GpuBackend, GpuError, GpuInfo, GpuInstance, NvmlCode, Result};
+use super::{ComputeInstance, GpuBackend, GpuError, GpuInfo, GpuInstance, NvmlCode, Result, xid};
 use crate::mig::catalog::{self, GiProfile, GpuModel};
 use crate::mig::rules::{self, Placed, Refusal};
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,9 @@ pub const FAULTS_ENV: &str = "MIGDRA_SIM_FAULTS";
 
 /// The driver version every simulated GPU reports.
 pub const DRIVER_VERSION: &str = "580.95.05";
+
+/// The CUDA version that driver supports (R580 ships CUDA 13.0).
+pub const CUDA_DRIVER_VERSION: &str = "13.0";
 
 /// The state file format version this code reads and writes.
 pub const STATE_VERSION: u32 = 1;
@@ -390,6 +393,28 @@ pub struct SimState {
     /// Persistent faults (those from `MIGDRA_SIM_FAULTS` are kept in the process only).
     #[serde(default)]
     pub faults: Vec<Fault>,
+    /// XID events, oldest first, at most [`MAX_XIDS`]: what NVML's event sets deliver (the fake
+    /// libnvidia-ml reads them from here).
+    #[serde(default)]
+    pub xids: Vec<SimXid>,
+    /// Sequence number of the last XID ever recorded; a reboot does not reset it.
+    #[serde(default)]
+    pub xid_seq: u64,
+}
+
+/// The most XID events a state file keeps.
+pub const MAX_XIDS: usize = 64;
+
+/// One XID event: `nvmlEventData_t` with `eventType` XidCriticalError.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimXid {
+    /// Increases by one per event, across reboots.
+    pub seq: u64,
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// The GPU instance the error hit, or `None` for the whole GPU.
+    pub gi: Option<u32>,
+    pub xid: u64,
 }
 
 /// A simulated GPU: its identity, MIG mode, health and GPU instances.
@@ -458,6 +483,8 @@ impl SimState {
             gpus: Vec::new(),
             processes: Vec::new(),
             faults: Vec::new(),
+            xids: Vec::new(),
+            xid_seq: 0,
         };
         st.boot_id = st.new_boot_id();
         let n = spec.gpus.len();
@@ -514,6 +541,7 @@ impl SimState {
             memory_mib: m.memory_mib,
             mig_enabled: g.mig_enabled,
             driver_version: DRIVER_VERSION.to_string(),
+            cuda_driver_version: CUDA_DRIVER_VERSION.to_string(),
             cuda_compute_capability: m.cuda_compute_capability,
             healthy: g.healthy,
         }
@@ -549,6 +577,27 @@ impl SimState {
     fn gi_pos(&self, i: usize, gi_id: u32, op: SimOp) -> Result<usize> {
         let g = &self.gpus[i];
         g.gpu_instances.iter().position(|x| x.id == gi_id).ok_or_else(|| nvml(op, g, NvmlCode::NotFound))
+    }
+
+    /// Record an XID on GPU `i` (or one of its GIs) and apply it: a critical one marks the GPU or
+    /// the GI unhealthy ([`xid::is_critical`]).
+    fn record_xid(&mut self, i: usize, gi: Option<u32>, xid: u64) -> Result<()> {
+        let gi_pos = match gi {
+            Some(id) => Some(self.gi_pos(i, id, SimOp::ListGi)?),
+            None => None,
+        };
+        self.xid_seq += 1;
+        self.xids.push(SimXid { seq: self.xid_seq, gpu: self.gpus[i].index, gi, xid });
+        if self.xids.len() > MAX_XIDS {
+            self.xids.remove(0);
+        }
+        if xid::is_critical(xid) {
+            match gi_pos {
+                Some(g) => self.gpus[i].gpu_instances[g].healthy = false,
+                None => self.gpus[i].healthy = false,
+            }
+        }
+        Ok(())
     }
 
     fn has_process(&self, i: usize, gi: u32, ci: Option<u32>) -> bool {
@@ -775,6 +824,7 @@ impl SimBackend {
     pub fn reboot(&self) -> Result<()> {
         self.txn(|st, _| {
             st.processes.clear();
+            st.xids.clear();
             for g in &mut st.gpus {
                 g.gpu_instances.clear();
                 g.healthy = true;
@@ -807,22 +857,40 @@ impl SimBackend {
         })
     }
 
-    /// Mark a GPU healthy or not (what an XID would do); shows in `gpus()`.
+    /// Mark a GPU healthy or not; shows in `gpus()`. Unhealthy is what XID 79 (fallen off the
+    /// bus) does, and that event is recorded too, so NVML event sets see it.
     pub fn set_gpu_health(&self, gpu: &str, healthy: bool) -> Result<()> {
         self.txn(|st, _| {
             let i = st.resolve(gpu)?;
-            st.gpus[i].healthy = healthy;
-            Ok(())
+            if healthy {
+                st.gpus[i].healthy = true;
+                return Ok(());
+            }
+            st.record_xid(i, None, xid::XID_FALLEN_OFF_BUS)
         })
     }
 
-    /// Mark a GPU instance healthy or not; shows in [`state`](Self::state).
+    /// Mark a GPU instance healthy or not; shows in [`state`](Self::state). Unhealthy records
+    /// XID 94 (a contained ECC error) on that instance.
     pub fn set_instance_health(&self, gpu: &str, gi: u32, healthy: bool) -> Result<()> {
         self.txn(|st, _| {
             let i = st.mig_gpu(gpu, SimOp::ListGi)?;
             let g = st.gi_pos(i, gi, SimOp::ListGi)?;
-            st.gpus[i].gpu_instances[g].healthy = healthy;
-            Ok(())
+            if healthy {
+                st.gpus[i].gpu_instances[g].healthy = true;
+                return Ok(());
+            }
+            st.record_xid(i, Some(gi), xid::XID_CONTAINED_ECC)
+        })
+    }
+
+    /// Simulate an XID on a GPU, or on one of its GPU instances: recorded for NVML event sets,
+    /// and, unless an application caused it ([`xid::APPLICATION_XIDS`]), the GPU or instance
+    /// becomes unhealthy.
+    pub fn xid(&self, gpu: &str, gi: Option<u32>, xid: u64) -> Result<()> {
+        self.txn(|st, _| {
+            let i = st.resolve(gpu)?;
+            st.record_xid(i, gi, xid)
         })
     }
 
@@ -1427,6 +1495,35 @@ mod tests {
         assert_eq!(st.faults.len(), 1, "faults are configuration, they survive");
         // Identity and MIG mode stay; health comes back.
         assert_eq!(s.gpus().unwrap(), gpus);
+    }
+
+    #[test]
+    fn xids_are_recorded_in_order_and_only_critical_ones_hurt() {
+        let s = sim("h100-80gb:2");
+        let gi = s.create_gpu_instance("1", P3G, 0).unwrap();
+        s.xid("0", None, 13).unwrap();
+        assert!(s.gpus().unwrap()[0].healthy, "XID 13 is the application's fault");
+        s.xid("1", Some(gi.id), 48).unwrap();
+        assert!(s.gpus().unwrap()[1].healthy, "an instance XID leaves the GPU healthy");
+        assert!(!s.gpu_instances("1").unwrap()[0].healthy);
+        s.set_gpu_health("0", false).unwrap();
+        assert!(!s.gpus().unwrap()[0].healthy);
+        s.set_gpu_health("0", true).unwrap();
+        assert!(s.gpus().unwrap()[0].healthy);
+        let st = s.state().unwrap();
+        let seen: Vec<(u64, u32, Option<u32>, u64)> = st.xids.iter().map(|x| (x.seq, x.gpu, x.gi, x.xid)).collect();
+        assert_eq!(seen, [(1, 0, None, 13), (2, 1, Some(gi.id), 48), (3, 0, None, xid::XID_FALLEN_OFF_BUS)]);
+        assert_eq!(code(s.xid("1", Some(9), 48)), NvmlCode::NotFound);
+        assert!(matches!(s.xid("5", None, 48), Err(GpuError::UnknownGpu(_))));
+        for _ in 0..MAX_XIDS {
+            s.xid("0", None, 31).unwrap();
+        }
+        let st = s.state().unwrap();
+        assert_eq!((st.xids.len(), st.xid_seq, st.xids[0].seq), (MAX_XIDS, 3 + MAX_XIDS as u64, 4));
+        s.reboot().unwrap();
+        let st = s.state().unwrap();
+        assert!(st.xids.is_empty());
+        assert_eq!(st.xid_seq, 3 + MAX_XIDS as u64, "sequence numbers never repeat");
     }
 
     #[test]

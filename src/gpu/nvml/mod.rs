@@ -1,0 +1,391 @@
+//! The real backend: libnvidia-ml, loaded at run time.
+//!
+//! nvml-wrapper does discovery (index, minor, UUID, PCI, name, memory, MIG mode, versions,
+//! compute capability); [`ffi`], the crate's only unsafe module, makes the MIG calls it lacks
+//! through the same loaded library; [`discovery`] builds each GPU's model; [`events`] turns XID
+//! events into health; procfs supplies capability minors and the boot ID. The library path is
+//! configurable, which is how CI runs this exact code against `hack/fake-nvml`, a
+//! libnvidia-ml built from the simulator.
+//!
+//! migdra never changes MIG mode: this backend has no call that could.
+
+mod codes;
+pub mod discovery;
+mod events;
+mod ffi;
+
+pub use codes::code_of;
+
+use super::procfs::Procfs;
+use super::{ComputeInstance, GpuBackend, GpuError, GpuInfo, GpuInstance, NvmlCode, Result};
+use crate::mig::catalog::GpuModel;
+use codes::{from_raw, from_wrapper};
+use discovery::MigState;
+use events::{HealthBook, Watcher};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The library NVIDIA's driver installs; `dlopen` finds it on the loader path.
+pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+
+/// Compute instance profile indexes asked for (`NVML_COMPUTE_INSTANCE_PROFILE_COUNT` is 8, plus
+/// 7_SLICE_NVL in newer headers).
+const CI_PROFILE_INDEXES: u32 = 9;
+
+/// Room in instance list buffers. NVML writes at most the profile's instance count, which no
+/// GPU puts above 8 (there are at most 8 memory slices per compute slice grid).
+const LIST_CAPACITY: usize = 32;
+
+/// How to open NVML.
+#[derive(Debug, Clone, Default)]
+pub struct NvmlOptions {
+    /// libnvidia-ml to load; [`DEFAULT_LIB`] when `None`.
+    pub lib_path: Option<PathBuf>,
+    /// Where capability minors and the boot ID are read.
+    pub procfs: Procfs,
+    /// Watch XID events (the daemon does; one-shot commands need not).
+    pub watch_events: bool,
+}
+
+/// What discovery found about a GPU at start; its model does not change while migdra runs.
+#[derive(Debug)]
+struct Known {
+    index: u32,
+    uuid: String,
+    model: GpuModel,
+}
+
+/// The NVML backend.
+pub struct NvmlBackend {
+    nvml: Arc<Nvml>,
+    lib: String,
+    procfs: Procfs,
+    gpus: Vec<Known>,
+    health: Arc<HealthBook>,
+    _watcher: Option<Watcher>,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend").field("lib", &self.lib).field("gpus", &self.gpus.len()).finish_non_exhaustive()
+    }
+}
+
+impl NvmlBackend {
+    /// Load the library, check that it has the MIG API, and discover every GPU and its model.
+    ///
+    /// # Errors
+    /// One line each: the library is missing or does not initialise ([`GpuError::Load`]), the
+    /// driver is too old for MIG or a GPU with MIG on reports no profiles
+    /// ([`GpuError::Unsupported`]), or a discovery call fails.
+    pub fn open(opts: &NvmlOptions) -> Result<Self> {
+        let lib = opts.lib_path.as_ref().map_or_else(|| DEFAULT_LIB.to_string(), |p| p.display().to_string());
+        let nvml = Nvml::builder().lib_path(std::ffi::OsStr::new(&lib)).init().map_err(|e| load_error(&lib, e))?;
+        let missing = ffi::missing_mig_symbols(&nvml);
+        if !missing.is_empty() {
+            return Err(GpuError::Unsupported(format!(
+                "{lib} lacks the MIG API ({}): the NVIDIA driver is too old; MIG needs R470 or newer",
+                missing.join(", ")
+            )));
+        }
+        let count = nvml.device_count().map_err(|e| from_wrapper("nvmlDeviceGetCount_v2", "all", e))?;
+        let mut gpus = Vec::new();
+        for index in 0..count {
+            let dev = nvml
+                .device_by_index(index)
+                .map_err(|e| from_wrapper("nvmlDeviceGetHandleByIndex_v2", &index.to_string(), e))?;
+            let id = discovery::identity(&dev, index)?;
+            let model = discovery::model(&nvml, &dev, &id)?;
+            tracing::info!(index, minor = id.minor, uuid = %id.uuid, name = %id.name, mig = ?id.mig, model = %model.key, "NVML GPU");
+            gpus.push(Known { index, uuid: id.uuid, model });
+        }
+        let nvml = Arc::new(nvml);
+        let health = Arc::new(HealthBook::default());
+        let watcher = if opts.watch_events {
+            let list = gpus.iter().map(|g| (g.index, g.uuid.clone())).collect();
+            match events::watch(nvml.clone(), list, health.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(call = e.call, code = %NvmlCode::from_value(e.ret), "no XID events: device health will not follow NVML");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(NvmlBackend { nvml, lib, procfs: opts.procfs.clone(), gpus, health, _watcher: watcher })
+    }
+
+    /// The library this backend loaded.
+    pub fn lib_path(&self) -> &str {
+        &self.lib
+    }
+
+    /// A GPU named by UUID (any case) or NVML index, as the simulator accepts.
+    fn resolve(&self, gpu: &str) -> Result<&Known> {
+        let g = gpu.trim();
+        let found = match g.parse::<u32>() {
+            Ok(i) => self.gpus.iter().find(|k| k.index == i),
+            Err(_) => self.gpus.iter().find(|k| k.uuid.eq_ignore_ascii_case(g)),
+        };
+        found.ok_or_else(|| {
+            let last = self.gpus.len().saturating_sub(1);
+            GpuError::UnknownGpu(format!("{gpu} on this node; valid: an NVML index 0-{last} or a GPU UUID"))
+        })
+    }
+
+    fn device(&self, k: &Known) -> Result<Device<'_>> {
+        self.nvml.device_by_index(k.index).map_err(|e| from_wrapper("nvmlDeviceGetHandleByIndex_v2", &k.uuid, e))
+    }
+
+    /// The CI profile ID NVML gives the CI profile index `index` in this GI, falling back to a
+    /// search when a driver numbers them differently. `None`: the GI has no such CI profile.
+    fn ci_profile(&self, k: &Known, gi: ffi::GiHandle, id: u32) -> Result<Option<ffi::CiProfileInfo>> {
+        let absent = |e: &ffi::RawError| {
+            matches!(NvmlCode::from_value(e.ret), NvmlCode::NotSupported | NvmlCode::InvalidArgument)
+        };
+        match ffi::ci_profile_info(&self.nvml, gi, id) {
+            Ok(info) if info.id == id => return Ok(Some(info)),
+            Ok(_) => {}
+            Err(e) if absent(&e) => {}
+            Err(e) => return Err(from_raw(e, &k.uuid)),
+        }
+        for index in 0..CI_PROFILE_INDEXES {
+            match ffi::ci_profile_info(&self.nvml, gi, index) {
+                Ok(info) if info.id == id => return Ok(Some(info)),
+                Ok(_) => {}
+                Err(e) if absent(&e) => {}
+                Err(e) => return Err(from_raw(e, &k.uuid)),
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A one-line reason the library could not be used.
+fn load_error(lib: &str, e: NvmlError) -> GpuError {
+    let reason = match e {
+        NvmlError::LibloadingError(e) => {
+            format!("{e}; is the NVIDIA driver installed? Point --nvml-lib (MIGDRA_NVML_LIB) at its libnvidia-ml.so.1")
+        }
+        NvmlError::FailedToLoadSymbol(s) => format!("it is not libnvidia-ml ({s})"),
+        NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".to_string(),
+        NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".to_string(),
+        e => format!("nvmlInit_v2 returned {}", code_of(&e)),
+    };
+    GpuError::Load { path: lib.to_string(), reason: reason.replace('\n', " ") }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn gpus(&self) -> Result<Vec<GpuInfo>> {
+        let count = self.nvml.device_count().map_err(|e| from_wrapper("nvmlDeviceGetCount_v2", "all", e))?;
+        let driver =
+            self.nvml.sys_driver_version().map_err(|e| from_wrapper("nvmlSystemGetDriverVersion", "all", e))?;
+        let cuda = self
+            .nvml
+            .sys_cuda_driver_version()
+            .map_err(|e| from_wrapper("nvmlSystemGetCudaDriverVersion_v2", "all", e))?;
+        let cuda = format!("{}.{}", cuda / 1000, (cuda % 1000) / 10);
+        let mut out = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let dev = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| from_wrapper("nvmlDeviceGetHandleByIndex_v2", &index.to_string(), e))?;
+            let id = discovery::identity(&dev, index)?;
+            let model_key = self
+                .gpus
+                .iter()
+                .find(|k| k.uuid == id.uuid)
+                .map_or_else(|| crate::mig::discovered::model_key(&id.name), |k| k.model.key.clone());
+            out.push(GpuInfo {
+                index,
+                minor: id.minor,
+                healthy: self.health.gpu_healthy(&id.uuid),
+                uuid: id.uuid,
+                pci_bus_id: id.pci_bus_id,
+                model: model_key,
+                product_name: id.name,
+                memory_mib: id.memory_mib,
+                mig_enabled: id.mig == MigState::Enabled,
+                driver_version: driver.clone(),
+                cuda_driver_version: cuda.clone(),
+                cuda_compute_capability: id.cuda_compute_capability,
+            });
+        }
+        Ok(out)
+    }
+
+    fn model(&self, gpu: &str) -> Result<GpuModel> {
+        Ok(self.resolve(gpu)?.model.clone())
+    }
+
+    fn gpu_instances(&self, gpu: &str) -> Result<Vec<GpuInstance>> {
+        let k = self.resolve(gpu)?;
+        let dev = self.device(k)?;
+        if k.model.profiles.is_empty() {
+            return Err(GpuError::Nvml {
+                op: "nvmlDeviceGetGpuInstances",
+                gpu: k.uuid.clone(),
+                code: NvmlCode::NotSupported,
+            });
+        }
+        let mut out = Vec::new();
+        for p in &k.model.profiles {
+            let cap = LIST_CAPACITY.max(p.max_instances as usize);
+            for gi in ffi::gpu_instances(&self.nvml, &dev, p.id, cap).map_err(|e| from_raw(e, &k.uuid))? {
+                let info = ffi::gi_info(&self.nvml, gi).map_err(|e| from_raw(e, &k.uuid))?;
+                out.push(GpuInstance {
+                    id: info.id,
+                    profile_id: info.profile_id,
+                    start: info.start,
+                    size: info.size,
+                    healthy: self.health.instance_healthy(&k.uuid, info.id),
+                });
+            }
+        }
+        out.sort_by_key(|g| g.id);
+        Ok(out)
+    }
+
+    fn create_gpu_instance(&self, gpu: &str, profile_id: u32, start: u32) -> Result<GpuInstance> {
+        let k = self.resolve(gpu)?;
+        let dev = self.device(k)?;
+        // An unknown profile goes to NVML as is; it answers INVALID_ARGUMENT (or NOT_SUPPORTED
+        // with MIG off), as the simulator does.
+        let size = k.model.profile(profile_id).map_or(0, |p| p.memory_slices);
+        let gi = ffi::create_gi(&self.nvml, &dev, profile_id, start, size).map_err(|e| from_raw(e, &k.uuid))?;
+        let info = match ffi::gi_info(&self.nvml, gi) {
+            Ok(info) => info,
+            Err(e) => {
+                // Leave nothing behind that the caller cannot name.
+                let _ = ffi::destroy_gi(&self.nvml, gi);
+                return Err(from_raw(e, &k.uuid));
+            }
+        };
+        self.health.forget_instance(&k.uuid, info.id);
+        Ok(GpuInstance { id: info.id, profile_id: info.profile_id, start: info.start, size: info.size, healthy: true })
+    }
+
+    fn destroy_gpu_instance(&self, gpu: &str, gi_id: u32) -> Result<()> {
+        let k = self.resolve(gpu)?;
+        let dev = self.device(k)?;
+        let gi = ffi::gi_by_id(&self.nvml, &dev, gi_id).map_err(|e| from_raw(e, &k.uuid))?;
+        ffi::destroy_gi(&self.nvml, gi).map_err(|e| from_raw(e, &k.uuid))?;
+        self.health.forget_instance(&k.uuid, gi_id);
+        Ok(())
+    }
+
+    fn compute_instances(&self, gpu: &str, gi_id: u32) -> Result<Vec<ComputeInstance>> {
+        let k = self.resolve(gpu)?;
+        let dev = self.device(k)?;
+        let gi = ffi::gi_by_id(&self.nvml, &dev, gi_id).map_err(|e| from_raw(e, &k.uuid))?;
+        let mut profiles: Vec<ffi::CiProfileInfo> = Vec::new();
+        for index in 0..CI_PROFILE_INDEXES {
+            match ffi::ci_profile_info(&self.nvml, gi, index) {
+                Ok(info) if !profiles.iter().any(|p| p.id == info.id) => profiles.push(info),
+                Ok(_) => {}
+                Err(e) if matches!(NvmlCode::from_value(e.ret), NvmlCode::NotSupported | NvmlCode::InvalidArgument) => {
+                }
+                Err(e) => return Err(from_raw(e, &k.uuid)),
+            }
+        }
+        let mut out = Vec::new();
+        for p in profiles {
+            let cap = LIST_CAPACITY.max(p.instance_count as usize);
+            for ci in ffi::compute_instances(&self.nvml, gi, p.id, cap).map_err(|e| from_raw(e, &k.uuid))? {
+                let info = ffi::ci_info(&self.nvml, ci).map_err(|e| from_raw(e, &k.uuid))?;
+                out.push(ComputeInstance {
+                    id: info.id,
+                    gi_id,
+                    profile_id: info.profile_id,
+                    start: info.start,
+                    size: info.size,
+                    uuid: info.uuid,
+                });
+            }
+        }
+        out.sort_by_key(|c| c.id);
+        Ok(out)
+    }
+
+    fn create_compute_instance(&self, gpu: &str, gi_id: u32, ci_profile_id: u32) -> Result<ComputeInstance> {
+        let k = self.resolve(gpu)?;
+        let dev = self.device(k)?;
+        let gi = ffi::gi_by_id(&self.nvml, &dev, gi_id).map_err(|e| from_raw(e, &k.uuid))?;
+        let Some(profile) = self.ci_profile(k, gi, ci_profile_id)? else {
+            return Err(GpuError::Nvml {
+                op: "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+                gpu: k.uuid.clone(),
+                code: NvmlCode::InvalidArgument,
+            });
+        };
+        let ci = ffi::create_ci(&self.nvml, gi, profile.id).map_err(|e| from_raw(e, &k.uuid))?;
+        match ffi::ci_info(&self.nvml, ci) {
+            Ok(info) => Ok(ComputeInstance {
+                id: info.id,
+                gi_id,
+                profile_id: info.profile_id,
+                start: info.start,
+                size: info.size,
+                uuid: info.uuid,
+            }),
+            Err(e) => {
+                // Without its UUID the CI is useless to the caller; do not leak it.
+                let _ = ffi::destroy_ci(&self.nvml, ci);
+                Err(from_raw(e, &k.uuid))
+            }
+        }
+    }
+
+    fn destroy_compute_instance(&self, gpu: &str, gi_id: u32, ci_id: u32) -> Result<()> {
+        let k = self.resolve(gpu)?;
+        let dev = self.device(k)?;
+        let gi = ffi::gi_by_id(&self.nvml, &dev, gi_id).map_err(|e| from_raw(e, &k.uuid))?;
+        let ci = ffi::ci_by_id(&self.nvml, gi, ci_id).map_err(|e| from_raw(e, &k.uuid))?;
+        ffi::destroy_ci(&self.nvml, ci).map_err(|e| from_raw(e, &k.uuid))
+    }
+
+    fn boot_id(&self) -> Result<String> {
+        self.procfs.boot_id()
+    }
+
+    fn caps_major(&self) -> Result<u32> {
+        self.procfs.caps_major()
+    }
+
+    fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)> {
+        self.procfs.mig_capability_minors(gpu_minor, gi_id, ci_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<NvmlBackend>();
+    }
+
+    #[test]
+    fn a_missing_library_is_one_clear_line() {
+        let opts = NvmlOptions { lib_path: Some("/nonexistent/libnvidia-ml.so.1".into()), ..Default::default() };
+        let e = NvmlBackend::open(&opts).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, GpuError::Load { .. }), "{e:?}");
+        assert!(msg.starts_with("failed to load NVML from /nonexistent/libnvidia-ml.so.1: "), "{msg}");
+        assert!(msg.contains("--nvml-lib") && !msg.contains('\n'), "{msg}");
+    }
+
+    #[test]
+    fn a_library_that_is_not_nvml_is_refused() {
+        // libc loads, but has no nvmlInit_v2.
+        let opts = NvmlOptions { lib_path: Some("libc.so.6".into()), ..Default::default() };
+        let msg = NvmlBackend::open(&opts).unwrap_err().to_string();
+        assert!(msg.contains("libc.so.6") && msg.contains("not libnvidia-ml"), "{msg}");
+    }
+}

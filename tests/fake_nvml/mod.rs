@@ -1,0 +1,98 @@
+//! The fake libnvidia-ml (`hack/fake-nvml`) for tests: built once per test binary with the
+//! same cargo and profile as the tests (so it reuses their artifacts), and copied once per
+//! simulated node, so each node is its own loaded library with its own settings file.
+
+#![allow(dead_code)]
+
+use migdra::gpu::nvml::{NvmlBackend, NvmlOptions};
+use migdra::gpu::procfs::Procfs;
+use migdra::gpu::sim::{SimBackend, SimSpec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The `nvidia-caps` major the fake's procfs tree has (the simulator itself reports 508).
+pub const FAKE_CAPS_MAJOR: u32 = 238;
+
+/// `libfake_nvml.so`, built on first use with `cargo build --profile test -p fake-nvml`.
+///
+/// # Panics
+/// When the build fails; the message carries cargo's errors.
+pub fn library() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(build)
+}
+
+fn build() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "--locked", "--profile", "test", "-p", "fake-nvml", "--message-format", "json"])
+        .output()
+        .expect("run cargo to build hack/fake-nvml");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "building hack/fake-nvml failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "fake_nvml")
+        .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|f| f.extension().is_some_and(|e| e == "so"))
+        .expect("cargo reported no libfake_nvml.so")
+}
+
+/// A simulated node behind its own copy of the fake library.
+pub struct FakeNode {
+    pub dir: tempfile::TempDir,
+    /// The simulator state file: the hardware.
+    pub state: PathBuf,
+    /// The procfs tree the fake keeps.
+    pub procfs: PathBuf,
+    /// This node's copy of the library, as `libnvidia-ml.so.1`.
+    pub lib: PathBuf,
+    /// Every NVML function called through this copy, one per line.
+    pub trace: PathBuf,
+    /// The same hardware, driven directly: what a test changes behind NVML's back.
+    pub hw: SimBackend,
+}
+
+impl FakeNode {
+    /// A node with these GPUs (`--sim` syntax).
+    pub fn new(spec: &str) -> Self {
+        Self::with(spec, &[])
+    }
+
+    /// A node with extra `fake-nvml.conf` settings (`profile-info-version`, `unlisted`).
+    pub fn with(spec: &str, settings: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("gpus.json");
+        let procfs = dir.path().join("proc");
+        let trace = dir.path().join("trace");
+        let hw = SimBackend::open(&state, Some(&SimSpec::parse(spec).expect("spec"))).expect("simulator");
+        let libdir = dir.path().join("lib");
+        std::fs::create_dir_all(&libdir).unwrap();
+        let lib = libdir.join("libnvidia-ml.so.1");
+        std::fs::copy(library(), &lib).expect("copy the fake library");
+        let mut conf = format!("state={}\nprocfs={}\ntrace={}\n", state.display(), procfs.display(), trace.display());
+        for (k, v) in settings {
+            conf.push_str(&format!("{k}={v}\n"));
+        }
+        std::fs::write(libdir.join("fake-nvml.conf"), conf).unwrap();
+        FakeNode { dir, state, procfs, lib, trace, hw }
+    }
+
+    pub fn options(&self, watch_events: bool) -> NvmlOptions {
+        NvmlOptions { lib_path: Some(self.lib.clone()), procfs: Procfs::new(&self.procfs), watch_events }
+    }
+
+    /// The NVML backend on this node.
+    pub fn open(&self, watch_events: bool) -> NvmlBackend {
+        NvmlBackend::open(&self.options(watch_events)).expect("open the NVML backend on the fake library")
+    }
+
+    /// The NVML functions called so far.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.trace).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+}
