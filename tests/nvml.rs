@@ -163,16 +163,20 @@ async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let msg = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap().unwrap().unwrap();
-        let health: Vec<(String, HealthStatus)> = msg
+        let health: Vec<(String, HealthStatus, String)> = msg
             .devices
             .iter()
-            .map(|d| (d.device.as_ref().unwrap().device_name.clone(), HealthStatus::try_from(d.health).unwrap()))
+            .map(|d| {
+                let name = d.device.as_ref().unwrap().device_name.clone();
+                (name, HealthStatus::try_from(d.health).unwrap(), d.message.clone())
+            })
             .collect();
         let sick = |n: &str| n == gpu0 || n.starts_with(&format!("{gpu0}-"));
-        if health.iter().any(|(n, h)| sick(n) && *h == HealthStatus::Unhealthy) {
-            for (n, h) in &health {
+        if health.iter().any(|(n, h, _)| sick(n) && *h == HealthStatus::Unhealthy) {
+            for (n, h, why) in &health {
                 let want = if sick(n) { HealthStatus::Unhealthy } else { HealthStatus::Healthy };
                 assert_eq!(*h, want, "{n}");
+                assert!(!sick(n) || why.ends_with("is unhealthy: XID 79"), "{n}: {why}");
             }
             break;
         }
