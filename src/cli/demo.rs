@@ -35,6 +35,10 @@ pub struct Args {
     /// Keep the temporary directory (daemon log, checkpoint, CDI specs) and print its path
     #[arg(long)]
     pub keep: bool,
+    /// Run the daemon on the NVML backend, loading this fake libnvidia-ml (hack/fake-nvml) that
+    /// serves the simulated GPUs: the code path of a real GPU node, end to end
+    #[arg(long, value_name = "LIB", hide = true)]
+    pub fake_nvml: Option<PathBuf>,
 }
 
 /// What happens during the day: (who, profile or "gpu" for a whole GPU, arrives or leaves).
@@ -104,15 +108,39 @@ fn day(args: &Args, dir: &Path, out: &mut dyn Write) -> CliResult {
     let spec = SimSpec::parse(NODE_SPEC)?;
     let state = dir.join("gpus.json");
     let sim = SimBackend::open(&state, Some(&spec))?;
-    writeln!(out, "migdra demo: a day on node {NODE} with simulated GPUs ({NODE_SPEC})\n")?;
+    match &args.fake_nvml {
+        Some(lib) => writeln!(
+            out,
+            "migdra demo: a day on node {NODE} with simulated GPUs ({NODE_SPEC}) behind the NVML backend and {}\n",
+            lib.display()
+        )?,
+        None => writeln!(out, "migdra demo: a day on node {NODE} with simulated GPUs ({NODE_SPEC})\n")?,
+    }
 
     let exe = std::env::current_exe().map_err(|e| fail(e.to_string()))?;
     let log = std::fs::File::create(dir.join("daemon.log")).map_err(|e| fail(e.to_string()))?;
     let started = Instant::now();
-    let child = Command::new(exe)
-        .arg("serve")
-        .arg("--sim-state")
-        .arg(&state)
+    let mut serve = Command::new(exe);
+    serve.arg("serve");
+    match &args.fake_nvml {
+        // The fake library finds the hardware and keeps the driver's procfs tree where it is told.
+        Some(lib) => {
+            let procfs = dir.join("proc");
+            serve
+                .arg("--nvml-lib")
+                .arg(lib)
+                .arg("--procfs-root")
+                .arg(&procfs)
+                .env("FAKE_NVML_STATE", &state)
+                .env("FAKE_NVML_PROCFS", &procfs)
+                .env_remove("MIGDRA_SIM")
+                .env_remove("MIGDRA_SIM_STATE");
+        }
+        None => {
+            serve.arg("--sim-state").arg(&state);
+        }
+    }
+    let child = serve
         .arg("--plugin-dir")
         .arg(dir.join("plugins").join(DRIVER))
         .arg("--registry-dir")

@@ -317,6 +317,11 @@ pub trait GpuBackend: Send + Sync {
     fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)> {
         Ok(capability_minors(gpu_minor, gi_id, ci_id))
     }
+    /// Why a GPU, or one of its GPU instances, is unhealthy (`XID 79`), when the backend knows.
+    /// Only for the health stream's messages; `healthy` in [`GpuInfo`] and [`GpuInstance`] decides.
+    fn unhealthy_reason(&self, _gpu: &str, _gi: Option<u32>) -> Option<String> {
+        None
+    }
 }
 
 /// The `nvidia-caps` major the simulator reports: the value in the MIG guide's `ls -l` example.

@@ -1218,6 +1218,14 @@ impl GpuBackend for SimBackend {
     fn boot_id(&self) -> Result<String> {
         self.txn(|st, _| Ok(st.boot_id.clone()))
     }
+
+    /// The last critical XID recorded for the GPU (or the GI), as the NVML backend reports it.
+    fn unhealthy_reason(&self, gpu: &str, gi: Option<u32>) -> Option<String> {
+        let st = self.state().ok()?;
+        let index = st.gpus[st.resolve(gpu).ok()?].index;
+        let x = st.xids.iter().rev().find(|x| x.gpu == index && x.gi == gi && xid::is_critical(x.xid))?;
+        Some(format!("XID {}", x.xid))
+    }
 }
 
 #[cfg(test)]
@@ -1510,6 +1518,9 @@ mod tests {
         assert!(!s.gpus().unwrap()[0].healthy);
         s.set_gpu_health("0", true).unwrap();
         assert!(s.gpus().unwrap()[0].healthy);
+        assert_eq!(s.unhealthy_reason("1", Some(gi.id)).as_deref(), Some("XID 48"));
+        assert_eq!(s.unhealthy_reason("0", None).as_deref(), Some("XID 79"));
+        assert_eq!(s.unhealthy_reason("1", None), None);
         let st = s.state().unwrap();
         let seen: Vec<(u64, u32, Option<u32>, u64)> = st.xids.iter().map(|x| (x.seq, x.gpu, x.gi, x.xid)).collect();
         assert_eq!(seen, [(1, 0, None, 13), (2, 1, Some(gi.id), 48), (3, 0, None, xid::XID_FALLEN_OFF_BUS)]);

@@ -38,7 +38,9 @@ pub fn snapshot(engine: &Engine) -> Snapshot {
     for gpu in engine.gpus() {
         let minor = gpu.info.minor;
         let gpu_ok = healthy_gpus.iter().find(|(u, _)| *u == gpu.info.uuid).is_some_and(|(_, h)| *h);
-        let why = if gpu_ok { String::new() } else { format!("GPU {} is unhealthy", gpu.info.uuid) };
+        let because =
+            |gi: Option<u32>| backend.unhealthy_reason(&gpu.info.uuid, gi).map_or(String::new(), |r| format!(": {r}"));
+        let why = if gpu_ok { String::new() } else { format!("GPU {} is unhealthy{}", gpu.info.uuid, because(None)) };
         if gpu.mode == GpuMode::Full {
             out.push((DeviceName::Gpu { minor }.to_string(), gpu_ok, why));
             continue;
@@ -53,7 +55,9 @@ pub fn snapshot(engine: &Engine) -> Snapshot {
             let name = DeviceName::mig(minor, &p.name, profile_id, start).to_string();
             let sick = instances.iter().find(|i| i.profile_id == profile_id && i.start == start && !i.healthy);
             match sick {
-                Some(i) if gpu_ok => out.push((name, false, format!("GPU instance {} is unhealthy", i.id))),
+                Some(i) if gpu_ok => {
+                    out.push((name, false, format!("GPU instance {} is unhealthy{}", i.id, because(Some(i.id)))))
+                }
                 _ => out.push((name, gpu_ok, why.clone())),
             }
         }

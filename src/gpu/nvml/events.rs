@@ -60,6 +60,15 @@ impl HealthBook {
         }
     }
 
+    /// What made a GPU (or one of its GPU instances) unhealthy.
+    pub fn reason(&self, uuid: &str, gi: Option<u32>) -> Option<String> {
+        let book = self.lock();
+        match gi {
+            Some(gi) => book.instances.get(&(uuid.to_string(), gi)).cloned(),
+            None => book.gpus.get(uuid).cloned(),
+        }
+    }
+
     /// Mark a GPU unhealthy for a reason other than an XID.
     pub fn lost(&self, uuid: &str, why: &str) {
         self.lock().gpus.entry(uuid.to_string()).or_insert_with(|| why.to_string());
@@ -168,6 +177,8 @@ mod tests {
         assert!(b.record("GPU-a", Some(3), 94));
         assert!(!b.record("GPU-a", Some(3), 94), "already unhealthy");
         assert!(b.gpu_healthy("GPU-a") && !b.instance_healthy("GPU-a", 3) && b.instance_healthy("GPU-a", 4));
+        assert_eq!(b.reason("GPU-a", Some(3)).as_deref(), Some("XID 94"));
+        assert_eq!(b.reason("GPU-a", None), None);
         b.forget_instance("GPU-a", 3);
         assert!(b.instance_healthy("GPU-a", 3));
         assert!(b.record("GPU-b", None, 79));

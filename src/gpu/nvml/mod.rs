@@ -359,6 +359,10 @@ impl GpuBackend for NvmlBackend {
     fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)> {
         self.procfs.mig_capability_minors(gpu_minor, gi_id, ci_id)
     }
+
+    fn unhealthy_reason(&self, gpu: &str, gi: Option<u32>) -> Option<String> {
+        self.health.reason(&self.resolve(gpu).ok()?.uuid, gi)
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,294 @@
+//! The NVML backend beyond the conformance suite, on the fake libnvidia-ml: `migdra serve` runs
+//! the demo day end to end on it; the kubelet's health stream and the CDI specs follow what NVML
+//! and the driver's procfs say; read-only commands (what hack/check-device.sh runs on a real GPU)
+//! call nothing that changes a GPU; older drivers and GPUs the catalog does not know still work;
+//! a node without a driver fails at start with one clear line.
+
+mod fake_nvml;
+
+use fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
+use migdra::claims::ClaimRef;
+use migdra::gpu::nvml::NvmlBackend;
+use migdra::gpu::nvml::discovery::same_partitions;
+use migdra::gpu::{GpuBackend, GpuError, capability_minors};
+use migdra::kubelet::client::{TestKubelet, Version};
+use migdra::kubelet::proto::health_v1alpha1::HealthStatus;
+use migdra::mig::catalog;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DRIVER: &str = "mig.slinky.slurm.net";
+const NODE: &str = "nvml-node";
+
+/// NVML calls that change the hardware or its MIG mode.
+const MUTATING: [&str; 5] = [
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceDestroy",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlComputeInstanceDestroy",
+    "nvmlDeviceSetMigMode",
+];
+
+/// `migdra` with no `MIGDRA_*` or `FAKE_NVML_*` settings inherited from the test's environment.
+fn migdra() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
+    for (key, _) in std::env::vars_os() {
+        if let Some(k) = key.to_str()
+            && (k.starts_with("MIGDRA_") || k.starts_with("FAKE_NVML_") || k == "POD_UID" || k == "NODE_NAME")
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// `migdra` on a fake node's NVML: the library, the procfs tree it keeps, the hardware.
+fn migdra_on(node: &FakeNode) -> Command {
+    let mut cmd = migdra();
+    cmd.arg("--nvml-lib").arg(&node.lib).arg("--procfs-root").arg(&node.procfs);
+    cmd
+}
+
+fn ok(out: Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// The demo's day — notebooks arriving and leaving, a 7g job waiting for a GPU, a whole GPU with
+/// MIG off — with `migdra serve` on the NVML backend: every instance is made and destroyed through
+/// the fake libnvidia-ml, and MIG mode is never touched.
+#[test]
+fn serve_on_nvml_runs_the_demo_day_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    let out = migdra()
+        .args(["demo", "--fast", "--fake-nvml"])
+        .arg(library())
+        .env("FAKE_NVML_TRACE", &trace)
+        .output()
+        .unwrap();
+    let text = ok(out);
+    assert!(text.contains("behind the NVML backend"), "{text}");
+    assert!(text.contains("kubelet: registered mig.slinky.slurm.net (DRAPlugin)"), "{text}");
+    assert!(text.contains("no 7g.80gb fits anywhere now; erin waits"), "{text}");
+    assert!(text.contains("mig-7g80gb-0-0"), "the 7g job gets a GPU once one empties");
+    assert!(text.contains("whole GPU: frank"), "a whole GPU with MIG off");
+    assert!(text.contains("Slurm GPU index") && text.contains("MIG-"));
+    assert!(text.contains("node is empty again: 0 MIG instances left"), "{text}");
+    assert!(text.contains("exited with exit status: 0"), "{text}");
+
+    let calls = std::fs::read_to_string(&trace).unwrap();
+    let count = |name: &str| calls.lines().filter(|l| *l == name).count();
+    // alice, bob, carol, dave, erin, greg: six instances, each made and destroyed through NVML.
+    assert_eq!(count("nvmlDeviceCreateGpuInstanceWithPlacement"), 6, "GIs created through NVML");
+    assert_eq!(count("nvmlGpuInstanceCreateComputeInstance"), 6);
+    assert_eq!(count("nvmlComputeInstanceDestroy"), 6);
+    assert_eq!(count("nvmlGpuInstanceDestroy"), 6);
+    assert!(count("nvmlEventSetWait_v2") > 0, "the daemon watches XID events");
+    assert_eq!(count("nvmlDeviceSetMigMode"), 0, "MIG mode is never changed");
+}
+
+/// `migdra serve` on NVML: a prepared claim's CDI spec carries the capability nodes the driver's
+/// procfs names (its own major, not the simulator's), and an XID from the hardware reaches the
+/// kubelet's health stream: the GPU's devices turn unhealthy, the others stay healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
+    let node = FakeNode::new("h100-80gb:2");
+    let d = node.dir.path();
+    let gpus = node.hw.gpus().unwrap();
+    let device = format!("gpu-{}-mig-3g40gb-9-4", gpus[1].minor);
+    let uid = "0d6f6a52-3c9e-4b8e-9a0c-000000000001";
+    std::fs::create_dir_all(d.join("claims")).unwrap();
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c1", "namespace": "ns", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+        ]}}}
+    });
+    std::fs::write(d.join("claims").join(format!("{uid}.json")), claim.to_string()).unwrap();
+    let registry = d.join("registry");
+    let mut daemon = Daemon(
+        migdra_on(&node)
+            .arg("serve")
+            .arg("--plugin-dir")
+            .arg(d.join("plugin"))
+            .arg("--registry-dir")
+            .arg(&registry)
+            .arg("--cdi-dir")
+            .arg(d.join("cdi"))
+            .arg("--claims-dir")
+            .arg(d.join("claims"))
+            .args(["--node-name", NODE, "--health-interval", "100ms"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("daemon.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let socket = registry.join(format!("{DRIVER}-reg.sock"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        let log = std::fs::read_to_string(d.join("daemon.log")).unwrap_or_default();
+        assert!(daemon.0.try_wait().unwrap().is_none(), "migdra serve exited:\n{log}");
+        assert!(Instant::now() < deadline, "no registration socket:\n{log}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let kubelet = TestKubelet::register(&socket).await.unwrap();
+    let claim = ClaimRef { uid: uid.into(), namespace: "ns".into(), name: "c1".into() };
+    let prepared = kubelet.prepare(Version::V1, std::slice::from_ref(&claim)).await.unwrap();
+    assert!(matches!(prepared.get(uid), Some(Ok(d)) if d.len() == 1), "{prepared:?}");
+
+    let gi = node.hw.gpu_instances(&gpus[1].uuid).unwrap()[0].clone();
+    let ci = node.hw.compute_instances(&gpus[1].uuid, gi.id).unwrap()[0].clone();
+    let (gi_minor, ci_minor) = capability_minors(gpus[1].minor, gi.id, ci.id);
+    let spec: Value = serde_json::from_str(&only_file(&d.join("cdi"))).unwrap();
+    let caps: Vec<(u64, u64)> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["path"].as_str().unwrap().starts_with("/dev/nvidia-caps/"))
+        .map(|n| (n["major"].as_u64().unwrap(), n["minor"].as_u64().unwrap()))
+        .collect();
+    let major = u64::from(FAKE_CAPS_MAJOR);
+    assert_eq!(caps, [(major, u64::from(gi_minor)), (major, u64::from(ci_minor))], "{spec}");
+    assert!(spec.to_string().contains(&ci.uuid), "the MIG UUID NVML reported");
+
+    let mut stream = kubelet.watch_health().await.unwrap();
+    let gpu0 = format!("gpu-{}", gpus[0].minor);
+    node.hw.set_gpu_health(&gpus[0].uuid, false).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap().unwrap().unwrap();
+        let health: Vec<(String, HealthStatus, String)> = msg
+            .devices
+            .iter()
+            .map(|d| {
+                let name = d.device.as_ref().unwrap().device_name.clone();
+                (name, HealthStatus::try_from(d.health).unwrap(), d.message.clone())
+            })
+            .collect();
+        let sick = |n: &str| n == gpu0 || n.starts_with(&format!("{gpu0}-"));
+        if health.iter().any(|(n, h, _)| sick(n) && *h == HealthStatus::Unhealthy) {
+            for (n, h, why) in &health {
+                let want = if sick(n) { HealthStatus::Unhealthy } else { HealthStatus::Healthy };
+                assert_eq!(*h, want, "{n}");
+                assert!(!sick(n) || why.ends_with("is unhealthy: XID 79"), "{n}: {why}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "GPU 0 never turned unhealthy: {health:?}");
+    }
+    kubelet.unprepare(Version::V1, &[claim]).await.unwrap();
+    assert!(node.hw.gpu_instances(&gpus[1].uuid).unwrap().is_empty(), "unprepare destroyed the instance");
+    assert_eq!(node.calls().iter().filter(|c| *c == "nvmlDeviceSetMigMode").count(), 0);
+}
+
+/// What hack/check-device.sh runs — `migdra layout` and `migdra slices` on NVML — shows what the
+/// simulator itself shows for the same hardware, and calls nothing that changes a GPU.
+#[test]
+fn read_only_commands_on_nvml_match_the_simulator_and_change_nothing() {
+    let node = FakeNode::new("h100-80gb:2,a100-40gb:1:mig-off");
+    let gpu = node.hw.gpus().unwrap()[0].uuid.clone();
+    let gi = node.hw.create_gpu_instance(&gpu, 9, 4).unwrap();
+    node.hw.create_compute_instance(&gpu, gi.id, 2).unwrap();
+    let before = node.hw.state().unwrap();
+    for args in [
+        &["layout", "-o", "json"][..],
+        &["layout"],
+        &["slices", "-o", "json", "--node-name", NODE],
+        &["--mig-mode", "static", "slices", "--node-name", NODE],
+    ] {
+        let nvml = ok(migdra_on(&node).args(args).output().unwrap());
+        let sim = ok(migdra().arg("--sim-state").arg(&node.state).args(args).output().unwrap());
+        assert_eq!(nvml, sim, "migdra {args:?}");
+    }
+    assert_eq!(node.hw.state().unwrap(), before, "the hardware is as it was");
+    let calls = node.calls();
+    assert!(calls.iter().any(|c| c == "nvmlDeviceGetGpuInstances"), "it did ask NVML");
+    for c in MUTATING {
+        assert!(!calls.iter().any(|x| x == c), "a read-only command called {c}");
+    }
+}
+
+/// A driver that knows only version 2 of the profile info structs (it rejects version 3) gives
+/// the same models.
+#[test]
+fn an_older_driver_without_v3_profile_info_gives_the_same_models() {
+    let node = FakeNode::with("h100-80gb:1,a30-24gb:1,rtx-pro-6000:1", &[("profile-info-version", "2")]);
+    let backend = node.open(false);
+    for g in backend.gpus().unwrap() {
+        assert_eq!(&backend.model(&g.uuid).unwrap(), catalog::model(&g.model).unwrap(), "{}", g.model);
+    }
+}
+
+/// GPUs whose name and PCI ID the catalog does not know are described from NVML's own profile
+/// and placement queries: the same partitions, and they work.
+#[test]
+fn gpus_the_catalog_does_not_know_are_described_from_nvml() {
+    let node = FakeNode::with("h100-80gb:1,b200-180gb:1,a30-24gb:1", &[("unlisted", "1")]);
+    let backend = node.open(false);
+    let truth = node.hw.gpus().unwrap();
+    for (g, t) in backend.gpus().unwrap().iter().zip(&truth) {
+        let model = backend.model(&g.uuid).unwrap();
+        let catalog = catalog::model(&t.model).unwrap();
+        assert!(model.key.starts_with("nvidia-unlisted-"), "{}", model.key);
+        assert_eq!(g.model, model.key);
+        assert!(same_partitions(&model, catalog), "{} differs from {}", model.key, catalog.key);
+        let names: Vec<&str> = model.profiles.iter().map(|p| p.name.as_str()).collect();
+        let want: Vec<&str> = catalog.profiles.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, want, "names from NVML's v3 profile info");
+        let p = &model.profiles[0];
+        let gi = backend.create_gpu_instance(&g.uuid, p.id, p.placements[0]).unwrap();
+        let ci = backend.create_compute_instance(&g.uuid, gi.id, p.default_ci().unwrap().id).unwrap();
+        assert!(ci.uuid.starts_with("MIG-"));
+    }
+}
+
+/// Without a driver — no library, a library that is not NVML, a driver that does not load — the
+/// backend does not start, and says why in one line.
+#[test]
+fn a_node_without_a_working_driver_fails_at_start_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("libnvidia-ml.so.1");
+    std::fs::copy(library(), &lone).unwrap();
+    // No fake-nvml.conf and no FAKE_NVML_STATE: a driver that is not loaded.
+    let out = migdra().arg("--nvml-lib").arg(&lone).arg("layout").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the NVIDIA kernel driver is not loaded"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let missing = dir.path().join("nothing/libnvidia-ml.so.1");
+    let out = migdra().arg("--nvml-lib").arg(&missing).args(["slices", "--node-name", NODE]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("failed to load NVML from") && err.contains("--nvml-lib"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let node = FakeNode::new("h100-80gb:1");
+    let mut opts = node.options(false);
+    opts.procfs = migdra::gpu::procfs::Procfs::new(dir.path().join("no-proc"));
+    let backend = NvmlBackend::open(&opts).unwrap();
+    let e = backend.caps_major().unwrap_err();
+    assert!(matches!(e, GpuError::Procfs { .. }) && e.to_string().contains("no-proc/devices"), "{e}");
+}
+
+/// The daemon child; killed if the test fails half-way.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn only_file(dir: &Path) -> String {
+    let files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    std::fs::read_to_string(&files[0]).unwrap()
+}
