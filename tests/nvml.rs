@@ -214,6 +214,40 @@ fn read_only_commands_on_nvml_match_the_simulator_and_change_nothing() {
     }
 }
 
+/// hack/check-device.sh, the script for a real GPU machine, runs on the fake library: it shows
+/// the GPUs, the instance an administrator made and the slices, and changes nothing.
+#[test]
+fn the_device_check_script_is_read_only() {
+    let node = FakeNode::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let gpu = node.hw.gpus().unwrap()[0].uuid.clone();
+    let gi = node.hw.create_gpu_instance(&gpu, 9, 4).unwrap();
+    let ci = node.hw.create_compute_instance(&gpu, gi.id, 2).unwrap();
+    let before = node.hw.state().unwrap();
+    let out_dir = node.dir.path().join("check");
+    let out = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/check-device.sh"))
+        .arg(&out_dir)
+        .env_remove("MIGDRA_SIM")
+        .env_remove("MIGDRA_SIM_STATE")
+        .env("MIGDRA", env!("CARGO_BIN_EXE_migdra"))
+        .env("MIGDRA_NVML_LIB", &node.lib)
+        .env("MIGDRA_PROCFS_ROOT", &node.procfs)
+        .env("NODE_NAME", NODE)
+        .output()
+        .unwrap();
+    let text = ok(out);
+    assert!(text.contains(&ci.uuid), "the existing instance: {text}");
+    assert!(text.contains(&format!("pool {NODE} of {DRIVER}")), "the slices: {text}");
+    assert!(text.contains("nvidia-caps"), "the driver's procfs: {text}");
+    for f in ["layout.json", "slices.yaml", "slices-static"] {
+        assert!(out_dir.join(f).exists(), "{f} saved");
+    }
+    assert_eq!(node.hw.state().unwrap(), before, "the hardware is as it was");
+    for c in MUTATING {
+        assert!(!node.calls().iter().any(|x| x == c), "the script called {c}");
+    }
+}
+
 /// A driver that knows only version 2 of the profile info structs (it rejects version 3) gives
 /// the same models.
 #[test]
