@@ -172,7 +172,8 @@ async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
             })
             .collect();
         let sick = |n: &str| n == gpu0 || n.starts_with(&format!("{gpu0}-"));
-        if health.iter().any(|(n, h, _)| sick(n) && *h == HealthStatus::Unhealthy) {
+        // A lost GPU reads as unhealthy at once; the XID's event names why soon after.
+        if health.iter().any(|(n, _, why)| sick(n) && why.ends_with("XID 79")) {
             for (n, h, why) in &health {
                 let want = if sick(n) { HealthStatus::Unhealthy } else { HealthStatus::Healthy };
                 assert_eq!(*h, want, "{n}");
@@ -246,6 +247,25 @@ fn the_device_check_script_is_read_only() {
     for c in MUTATING {
         assert!(!node.calls().iter().any(|x| x == c), "the script called {c}");
     }
+}
+
+/// A GPU that fell off the bus before migdra started is left out, with no harm to the others;
+/// one lost later is still reported, unhealthy, as it was.
+#[test]
+fn a_lost_gpu_is_left_out_at_start_and_reported_unhealthy_later() {
+    let node = FakeNode::new("h100-80gb:3");
+    let gpus = node.hw.gpus().unwrap();
+    node.hw.set_gpu_health(&gpus[0].uuid, false).unwrap();
+    let backend = node.open(false);
+    let seen: Vec<String> = backend.gpus().unwrap().into_iter().map(|g| g.uuid).collect();
+    assert_eq!(seen, [gpus[1].uuid.clone(), gpus[2].uuid.clone()]);
+    backend.create_gpu_instance(&gpus[1].uuid, 0, 0).unwrap();
+    node.hw.set_gpu_health(&gpus[2].uuid, false).unwrap();
+    let now = backend.gpus().unwrap();
+    assert_eq!(now[1].uuid, gpus[2].uuid);
+    assert!(now[0].healthy && !now[1].healthy);
+    let e = backend.gpu_instances(&gpus[2].uuid).unwrap_err();
+    assert_eq!(e.code(), Some(migdra::gpu::NvmlCode::GpuIsLost), "{e}");
 }
 
 /// A driver that knows only version 2 of the profile info structs (it rejects version 3) gives

@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::handles::Handle;
 use crate::procfs;
 use migdra::gpu::sim::{DRIVER_VERSION, SimBackend, SimGpu, SimState};
-use migdra::gpu::{GpuBackend, GpuError};
+use migdra::gpu::{GpuBackend, GpuError, xid};
 use migdra::mig::catalog::{self, CiProfile, GiProfile, GpuModel};
 use std::collections::HashMap;
 use std::io::Write;
@@ -23,6 +23,7 @@ pub const NOT_FOUND: u32 = 6;
 pub const INSUFFICIENT_SIZE: u32 = 7;
 pub const DRIVER_NOT_LOADED: u32 = 9;
 pub const TIMEOUT: u32 = 10;
+pub const GPU_IS_LOST: u32 = 15;
 pub const ARGUMENT_VERSION_MISMATCH: u32 = 25;
 pub const UNKNOWN: u32 = 999;
 
@@ -161,6 +162,18 @@ pub struct Event {
     pub gi: u32,
 }
 
+/// Whether GPU `i` fell off the bus: unhealthy, and its last critical XID was 79.
+fn lost(st: &SimState, i: usize) -> bool {
+    let g = &st.gpus[i];
+    !g.healthy
+        && st
+            .xids
+            .iter()
+            .rev()
+            .find(|x| x.gpu == g.index && x.gi.is_none() && xid::is_critical(x.xid))
+            .is_some_and(|x| x.xid == xid::XID_FALLEN_OFF_BUS)
+}
+
 fn model_of(g: &SimGpu) -> Ret<&'static GpuModel> {
     catalog::model(&g.model).ok_or(UNKNOWN)
 }
@@ -186,12 +199,16 @@ impl Fake {
         }
     }
 
-    /// The GPU a device handle names, with the state it was read from.
+    /// The GPU a device handle names, with the state it was read from; GPU_IS_LOST once it fell
+    /// off the bus.
     fn gpu(&self, h: usize) -> Ret<(SimState, usize)> {
         let Some(Handle::Gpu(i)) = Handle::decode(h) else { return Err(INVALID_ARGUMENT) };
         let st = self.state()?;
         if i as usize >= st.gpus.len() {
             return Err(INVALID_ARGUMENT);
+        }
+        if lost(&st, i as usize) {
+            return Err(GPU_IS_LOST);
         }
         Ok((st, i as usize))
     }

@@ -55,6 +55,8 @@ struct Known {
     index: u32,
     uuid: String,
     model: GpuModel,
+    /// What discovery said at start: reported, unhealthy, once the GPU is lost.
+    identity: discovery::Identity,
 }
 
 /// The NVML backend.
@@ -93,13 +95,25 @@ impl NvmlBackend {
         let count = nvml.device_count().map_err(|e| from_wrapper("nvmlDeviceGetCount_v2", "all", e))?;
         let mut gpus = Vec::new();
         for index in 0..count {
-            let dev = nvml
+            let found = nvml
                 .device_by_index(index)
-                .map_err(|e| from_wrapper("nvmlDeviceGetHandleByIndex_v2", &index.to_string(), e))?;
-            let id = discovery::identity(&dev, index)?;
-            let model = discovery::model(&nvml, &dev, &id)?;
+                .map_err(|e| from_wrapper("nvmlDeviceGetHandleByIndex_v2", &index.to_string(), e))
+                .and_then(|dev| {
+                    let id = discovery::identity(&dev, index)?;
+                    let model = discovery::model(&nvml, &dev, &id)?;
+                    Ok((id, model))
+                });
+            let (id, model) = match found {
+                Ok(found) => found,
+                // A GPU that fell off the bus has nothing to publish; the others still work.
+                Err(e) if e.code() == Some(NvmlCode::GpuIsLost) => {
+                    tracing::error!(index, error = %e, "GPU is lost; it is left out until migdra restarts");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             tracing::info!(index, minor = id.minor, uuid = %id.uuid, name = %id.name, mig = ?id.mig, model = %model.key, "NVML GPU");
-            gpus.push(Known { index, uuid: id.uuid, model });
+            gpus.push(Known { index, uuid: id.uuid.clone(), model, identity: id });
         }
         let nvml = Arc::new(nvml);
         let health = Arc::new(HealthBook::default());
@@ -179,8 +193,10 @@ fn load_error(lib: &str, e: NvmlError) -> GpuError {
 }
 
 impl GpuBackend for NvmlBackend {
+    /// The GPUs found at start, re-read from NVML; one that is lost since is reported as it was,
+    /// unhealthy.
     fn gpus(&self) -> Result<Vec<GpuInfo>> {
-        let count = self.nvml.device_count().map_err(|e| from_wrapper("nvmlDeviceGetCount_v2", "all", e))?;
+        self.nvml.device_count().map_err(|e| from_wrapper("nvmlDeviceGetCount_v2", "all", e))?;
         let driver =
             self.nvml.sys_driver_version().map_err(|e| from_wrapper("nvmlSystemGetDriverVersion", "all", e))?;
         let cuda = self
@@ -188,25 +204,20 @@ impl GpuBackend for NvmlBackend {
             .sys_cuda_driver_version()
             .map_err(|e| from_wrapper("nvmlSystemGetCudaDriverVersion_v2", "all", e))?;
         let cuda = format!("{}.{}", cuda / 1000, (cuda % 1000) / 10);
-        let mut out = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(index)
-                .map_err(|e| from_wrapper("nvmlDeviceGetHandleByIndex_v2", &index.to_string(), e))?;
-            let id = discovery::identity(&dev, index)?;
-            let model_key = self
-                .gpus
-                .iter()
-                .find(|k| k.uuid == id.uuid)
-                .map_or_else(|| crate::mig::discovered::model_key(&id.name), |k| k.model.key.clone());
+        let mut out = Vec::with_capacity(self.gpus.len());
+        for k in &self.gpus {
+            let (id, lost) = match self.device(k).and_then(|dev| discovery::identity(&dev, k.index)) {
+                Ok(id) => (id, false),
+                Err(e) if e.code() == Some(NvmlCode::GpuIsLost) => (k.identity.clone(), true),
+                Err(e) => return Err(e),
+            };
             out.push(GpuInfo {
-                index,
+                index: k.index,
                 minor: id.minor,
-                healthy: self.health.gpu_healthy(&id.uuid),
+                healthy: !lost && self.health.gpu_healthy(&id.uuid),
                 uuid: id.uuid,
                 pci_bus_id: id.pci_bus_id,
-                model: model_key,
+                model: k.model.key.clone(),
                 product_name: id.name,
                 memory_mib: id.memory_mib,
                 mig_enabled: id.mig == MigState::Enabled,
