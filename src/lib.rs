@@ -9,6 +9,8 @@
 //!   ResourceClaim files for now).
 //! - [`kube`]: the Kubernetes side; for now the ResourceSlices of this node's pool
 //!   ([`kube::slices`]: both layouts, the API's limits and name rules).
+//! - [`packing`]: the scheduler's first fit as a model, device orders, and a churn workload to
+//!   compare them.
 //! - [`cli`]: the `migdra` subcommands.
 
 pub mod cdi;
@@ -18,6 +20,7 @@ pub mod gpu;
 pub mod kube;
 pub mod kubelet;
 pub mod mig;
+pub mod packing;
 pub mod prepare;
 pub mod slurm;
 pub mod state;

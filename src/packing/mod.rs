@@ -1,0 +1,26 @@
+//! Packing: which placement the scheduler gives a request, given the order migdra publishes its
+//! devices in, and which order packs best. Pure: no I/O, deterministic for a seed.
+//!
+//! The scheduler's DRA allocator takes the **first device that fits**, walking slices and then
+//! each slice's devices in published order, with no scoring (`shared/facts/dra-allocator-order.md`).
+//! The slices of a pool come in a random order on 1.34 and 1.35 (a new one for every pod), and
+//! sorted by name from 1.36. So the published order decides the placement, and with it how
+//! fragmented the GPUs get.
+//!
+//! - [`model`]: the node's allocations, the counter check (exactly [`crate::mig::counters`]) and
+//!   the allocator: first fit over slices in random or name order.
+//! - [`policy`]: device orders: (a) ascending placements (NVIDIA's driver, the anchor), (b) a
+//!   static order that packs small profiles from the end of the GPU and keeps the start free for
+//!   large ones, (c) re-ranked after every change so first fit is best fit, (d) (c) plus steering
+//!   by omission on 1.34/1.35: free placements of a profile are published only on the GPU that
+//!   fits it best, while every allocated device stays published.
+//! - [`churn`]: the reference workload (Poisson arrivals, exponential lifetimes, a profile mix),
+//!   run through the model, with acceptance and fragmentation.
+
+pub mod churn;
+pub mod model;
+pub mod policy;
+
+pub use churn::{Stats, Workload};
+pub use model::{Dev, Node, SliceOrder};
+pub use policy::Policy;
