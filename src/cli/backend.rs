@@ -102,7 +102,11 @@ pub fn engine(global: &Global) -> Result<Engine, CliError> {
             })?;
             engine.with_hook(Arc::new(move |s| {
                 if s == step {
-                    // Like SIGKILL: no unwinding, no destructors, no rollback.
+                    // SIGKILL from outside the process, as an OOM kill or node drain would: no
+                    // unwinding, no destructors, no rollback. The signal lands while this thread
+                    // waits for `kill` to exit, so at the step; abort if `kill` cannot run.
+                    let _ =
+                        std::process::Command::new("kill").args(["-KILL", &std::process::id().to_string()]).status();
                     std::process::abort();
                 }
             }))

@@ -1,0 +1,6 @@
+//! Reliability and security suite (issue 10): every test prints its figures as `FIGURE` lines,
+//! which `hack/reliability.sh` gathers into one table. The counts that must be zero (leaked
+//! instances, double allocations, stuck claims) are also asserted here.
+
+mod common;
+mod crash;
