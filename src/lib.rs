@@ -9,6 +9,7 @@
 //!   ResourceClaim files for now).
 //! - [`kube`]: the Kubernetes side; for now the ResourceSlices of this node's pool
 //!   ([`kube::slices`]: both layouts, the API's limits and name rules).
+//! - [`metrics`]: the Prometheus endpoint of `migdra serve` (off by default).
 //! - [`packing`]: the scheduler's first fit as a model, device orders, and a churn workload to
 //!   compare them.
 //! - [`cli`]: the `migdra` subcommands.
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod gpu;
 pub mod kube;
 pub mod kubelet;
+pub mod metrics;
 pub mod mig;
 pub mod packing;
 pub mod prepare;

@@ -1,6 +1,7 @@
 //! `migdra serve`: the daemon. Runs in a fixed, logged order: logging → flags → GPUs and engine →
 //! recovery → DRA socket → registration socket → wait for SIGTERM/SIGINT → registration socket
-//! removed → in-flight calls drained within the grace period → exit 0.
+//! removed → in-flight calls drained within the grace period → exit 0. With `--metrics-addr`,
+//! Prometheus metrics are served from just before the DRA socket until shutdown.
 
 use super::{CliError, CliResult, Global, backend};
 use crate::claims::{ClaimSource, DirSource};
@@ -28,9 +29,28 @@ pub struct Args {
     /// How often the registration socket is checked for deletion
     #[arg(long, env = "MIGDRA_SOCKET_CHECK", default_value = "1s", value_parser = parse_duration)]
     pub socket_check: Duration,
-    /// Log format
+    /// Log format: text, or one JSON object per line; a claim's lines carry its `claim` span
+    /// (claim_uid, namespace, name, device)
     #[arg(long, env = "MIGDRA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (port 0 picks one and
+    /// logs it). Off by default. Only loopback addresses are accepted unless --metrics-allow-remote
+    #[arg(long, env = "MIGDRA_METRICS_ADDR", value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Let --metrics-addr be a non-loopback address (e.g. 0.0.0.0:9400): anyone who reaches it
+    /// reads claim counts and latencies; there is no authentication
+    #[arg(long, env = "MIGDRA_METRICS_ALLOW_REMOTE")]
+    pub metrics_allow_remote: bool,
+}
+
+/// `127.0.0.1:9400`, `[::1]:9400`, or `localhost:9400`.
+fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    let s = s.trim();
+    if let Some(port) = s.strip_prefix("localhost:") {
+        let port: u16 = port.parse().map_err(|_| format!("{s:?}: the port is not a number 0-65535"))?;
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse().map_err(|_| format!("{s:?} is not IP:PORT; use e.g. 127.0.0.1:9400"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -67,6 +87,14 @@ fn init_logging(format: LogFormat) {
 
 pub fn run(args: &Args, global: &Global) -> CliResult {
     init_logging(args.log_format);
+    if let Some(addr) = args.metrics_addr
+        && !args.metrics_allow_remote
+        && !crate::metrics::is_local(&addr)
+    {
+        return Err(CliError::Usage(format!(
+            "--metrics-addr {addr} is not a loopback address; use 127.0.0.1:PORT, or add --metrics-allow-remote to serve metrics to the network"
+        )));
+    }
     let engine = Arc::new(backend::engine(global)?);
     for g in engine.gpus() {
         let slurm_index = g.slurm.index.map_or_else(|| "none".to_string(), |i| i.to_string());
@@ -134,7 +162,9 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 let writer = StatusWriter::new(client.clone(), &global.node.driver_name, &engine.options().pool);
                 let events = crate::kube::events::Recorder::new(client.clone(), &engine.options().pool);
                 let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
-                let p = Publisher::new(client, engine.clone(), layout).with_events(events);
+                let p = Publisher::new(client, engine.clone(), layout)
+                    .with_events(events)
+                    .with_device_order(global.node.device_order.into());
                 let mut rx = stop_rx.clone();
                 publisher = Some(tokio::spawn(p.run(async move {
                     let _ = rx.wait_for(|s| *s).await;
@@ -143,6 +173,26 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
             }
         };
         let driver = Arc::new(driver);
+        let metrics = match args.metrics_addr {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    CliError::Failed(format!("failed to listen on --metrics-addr {addr}: {e}; pick a free port"))
+                })?;
+                let bound = listener.local_addr().map_or_else(|_| addr.to_string(), |a| a.to_string());
+                tracing::info!(addr = %bound, "serving metrics at /metrics");
+                let scraped = engine.clone();
+                let mut rx = stop_rx.clone();
+                let stop = async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                };
+                Some(tokio::spawn(crate::metrics::serve(
+                    listener,
+                    move || crate::metrics::METRICS.render(Some(&scraped)),
+                    stop,
+                )))
+            }
+            None => None,
+        };
         let shutdown = async move {
             shutdown_signal().await;
             let _ = stop_tx.send(true);
@@ -150,6 +200,9 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         let served = kubelet::serve(config, driver, state, shutdown).await;
         if let Some(p) = publisher {
             let _ = p.await;
+        }
+        if let Some(m) = metrics {
+            let _ = m.await;
         }
         served.map_err(|e| CliError::Failed(e.to_string()))
     })?;

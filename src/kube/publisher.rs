@@ -54,6 +54,8 @@ pub struct Publisher {
     choice: Option<Layout>,
     resync: Duration,
     events: Option<super::events::Recorder>,
+    /// The order of each GPU's devices (`--device-order`).
+    order: crate::packing::DeviceOrder,
 }
 
 impl Publisher {
@@ -67,7 +69,14 @@ impl Publisher {
             choice,
             resync: Duration::from_secs(30),
             events: None,
+            order: crate::packing::DeviceOrder::default(),
         }
+    }
+
+    /// Publish each GPU's devices in this order (a pure reorder: the same devices and counters).
+    pub fn with_device_order(mut self, order: crate::packing::DeviceOrder) -> Self {
+        self.order = order;
+        self
     }
 
     /// Also post a Warning event on the Node when publishing fails.
@@ -117,8 +126,8 @@ impl Publisher {
             .await
             .map_err(|source| PublishError::Api { op: "read the Node", source })?
             .and_then(|n| n.metadata.uid);
-        let engine = self.engine.clone();
-        let gpus = tokio::task::spawn_blocking(move || inventory::node_gpus(&engine, false))
+        let (engine, order) = (self.engine.clone(), self.order);
+        let gpus = tokio::task::spawn_blocking(move || inventory::node_gpus_ordered(&engine, false, order))
             .await
             .map_err(|e| crate::gpu::GpuError::Invalid(e.to_string()))??;
         let (labels, fields) = self.selector();
@@ -191,7 +200,10 @@ impl Publisher {
         tokio::pin!(shutdown);
         let mut wait = Duration::from_millis(200);
         loop {
-            match self.publish().await {
+            let published = self.publish().await;
+            crate::metrics::METRICS
+                .slice_publish(published.as_ref().ok().map(|p| p.created + p.updated + p.deleted > 0));
+            match published {
                 Ok(p) => {
                     if p.created + p.updated + p.deleted > 0 {
                         tracing::info!(layout = ?p.layout, generation = p.generation, created = p.created, updated = p.updated, deleted = p.deleted, "published ResourceSlices");

@@ -1,10 +1,13 @@
 //! The DRA calls, independent of the wire version: v1 and v1beta1 both land here and call the
 //! one prepare engine. Each claim runs on a blocking thread of its own (NVML and file I/O block),
 //! so claims on different GPUs proceed in parallel, and a client that hangs up mid-call does not
-//! cancel a prepare half-way: it finishes, and the kubelet's retry finds it done.
+//! cancel a prepare half-way: it finishes, and the kubelet's retry finds it done. Each claim runs
+//! in one `claim` span (UID, namespace, name, devices) and is timed and counted in
+//! [`crate::metrics::METRICS`].
 
 use super::PluginState;
 use crate::claims::{ClaimRef, ClaimSource};
+use crate::metrics::METRICS;
 use crate::prepare::{Engine, PreparedDevice, Reporter};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -96,8 +99,14 @@ impl Driver {
         let (state, reporter) = (self.state.clone(), self.reporter.clone());
         Ok(self
             .each(claims, move |claim| {
+                let span = claim_span(&claim);
+                let _in_span = span.enter();
                 let started = std::time::Instant::now();
-                let r = prepare_one(&engine, source.as_ref(), &claim);
+                let r = prepare_one(&engine, source.as_ref(), &claim, &span).map_err(|(reason, e)| {
+                    METRICS.error("prepare", &reason);
+                    e
+                });
+                METRICS.prepare.observe(started.elapsed());
                 state.record_call("prepare", started.elapsed(), r.is_ok());
                 if let Some(reporter) = reporter.as_ref().filter(|_| !claim.uid.is_empty() && !claim.name.is_empty()) {
                     match &r {
@@ -106,8 +115,8 @@ impl Driver {
                     }
                 }
                 match &r {
-                    Ok(d) => tracing::info!(claim = %claim.uid, devices = d.len(), "prepared"),
-                    Err(e) => tracing::warn!(claim = %claim.uid, error = %e, "prepare failed"),
+                    Ok(d) => tracing::info!(devices = d.len(), "prepared"),
+                    Err(e) => tracing::warn!(error = %e, "prepare failed"),
                 }
                 r
             })
@@ -124,12 +133,25 @@ impl Driver {
         let (state, reporter) = (self.state.clone(), self.reporter.clone());
         Ok(self
             .each(claims, move |claim| {
+                let span = claim_span(&claim);
+                let _in_span = span.enter();
+                if let Ok(cp) = engine.checkpoint()
+                    && let Some(rec) = cp.claims.get(&claim.uid)
+                {
+                    let names: Vec<&str> = rec.devices.iter().map(|d| d.device.as_str()).collect();
+                    span.record("device", names.join(","));
+                }
                 let started = std::time::Instant::now();
                 let r = if claim.uid.is_empty() {
+                    METRICS.error("unprepare", "bad-request");
                     Err("claim has an empty UID".to_string())
                 } else {
-                    engine.unprepare(&claim.uid).map_err(|e| e.to_string())
+                    engine.unprepare(&claim.uid).map_err(|e| {
+                        METRICS.error("unprepare", &crate::metrics::reason(&e));
+                        e.to_string()
+                    })
                 };
+                METRICS.unprepare.observe(started.elapsed());
                 state.record_call("unprepare", started.elapsed(), r.is_ok());
                 if let (Ok(()), Some(reporter)) = (&r, reporter.as_ref())
                     && !claim.name.is_empty()
@@ -137,8 +159,8 @@ impl Driver {
                     reporter.unprepared(&claim);
                 }
                 match &r {
-                    Ok(()) => tracing::info!(claim = %claim.uid, "unprepared"),
-                    Err(e) => tracing::warn!(claim = %claim.uid, error = %e, "unprepare failed"),
+                    Ok(()) => tracing::info!("unprepared"),
+                    Err(e) => tracing::warn!(error = %e, "unprepare failed"),
                 }
                 r
             })
@@ -184,15 +206,37 @@ impl Driver {
     }
 }
 
-fn prepare_one(engine: &Engine, source: &dyn ClaimSource, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+/// The span every log line of one claim's prepare or unprepare carries: the claim's UID,
+/// namespace and name, and its devices once known (comma-separated device names).
+fn claim_span(claim: &ClaimRef) -> tracing::Span {
+    tracing::info_span!(
+        "claim",
+        claim_uid = %claim.uid,
+        namespace = %claim.namespace,
+        name = %claim.name,
+        device = tracing::field::Empty,
+    )
+}
+
+/// Prepare one claim; a failure comes with its metrics reason (see [`crate::metrics::reason`]).
+fn prepare_one(
+    engine: &Engine,
+    source: &dyn ClaimSource,
+    claim: &ClaimRef,
+    span: &tracing::Span,
+) -> Result<Vec<PreparedDevice>, (String, String)> {
     if claim.uid.is_empty() {
-        return Err("claim has an empty UID".into());
+        return Err(("bad-request".into(), "claim has an empty UID".into()));
     }
     if claim.name.is_empty() || claim.namespace.is_empty() {
-        return Err(format!("claim {} has an empty name or namespace", claim.uid));
+        return Err(("bad-request".into(), format!("claim {} has an empty name or namespace", claim.uid)));
     }
-    let found = source.get(claim).map_err(|e| e.to_string())?.ok_or_else(|| {
-        format!("claim {}/{} ({}) is not known to the claim source", claim.namespace, claim.name, claim.uid)
+    let found = source.get(claim).map_err(|e| ("claim-lookup".to_string(), e.to_string()))?.ok_or_else(|| {
+        let e = format!("claim {}/{} ({}) is not known to the claim source", claim.namespace, claim.name, claim.uid);
+        ("claim-not-found".to_string(), e)
     })?;
-    engine.prepare(claim, &found.results).map_err(|e| e.to_string())
+    let ours = found.results.iter().filter(|r| r.driver == engine.options().driver);
+    let names: Vec<&str> = ours.map(|r| r.device.as_str()).collect();
+    span.record("device", names.join(","));
+    engine.prepare(claim, &found.results).map_err(|e| (crate::metrics::reason(&e), e.to_string()))
 }

@@ -1,0 +1,371 @@
+//! Prometheus metrics: a few counters and histograms in one process-wide registry, written in the
+//! text exposition format (0.0.4) by hand and served by a tiny HTTP/1.1 handler.
+//!
+//! Off by default: `migdra serve --metrics-addr 127.0.0.1:9400`. One process is one plugin, so
+//! the registry is a `static` ([`METRICS`]), like Prometheus clients' default registry; code that
+//! counts something adds one line. Values that live elsewhere (checkpoint writes, the instances a
+//! claim holds) are read when scraped, never duplicated.
+
+use crate::prepare::{Engine, PrepareError};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Histogram bucket bounds in seconds: a prepare takes milliseconds on the simulator, a second or
+/// two on hardware, and up to the kubelet's timeout when the GPU is busy.
+pub const BUCKETS: [f64; 15] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// The process's metrics.
+pub static METRICS: Metrics = Metrics::new();
+
+/// A latency histogram with the fixed [`BUCKETS`].
+#[derive(Debug)]
+pub struct Histogram {
+    /// Observations at or below each bound (not cumulative; summed when written).
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum in nanoseconds, so it stays an atomic integer.
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    const fn new() -> Self {
+        Self {
+            buckets: [const { AtomicU64::new(0) }; BUCKETS.len()],
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Record one call that took `took`.
+    pub fn observe(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        header(out, name, help, "histogram");
+        let mut cumulative = 0;
+        for (bound, n) in BUCKETS.iter().zip(&self.buckets) {
+            cumulative += n.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// Every metric the daemon keeps itself.
+#[derive(Debug)]
+pub struct Metrics {
+    pub prepare: Histogram,
+    pub unprepare: Histogram,
+    /// (operation, reason) → failed claims.
+    errors: Mutex<BTreeMap<(&'static str, String), u64>>,
+    /// Publishes that wrote at least one slice.
+    slice_publishes_written: AtomicU64,
+    /// Publishes that found every slice as wanted.
+    slice_publishes_unchanged: AtomicU64,
+    slice_publishes_failed: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub const fn new() -> Self {
+        Self {
+            prepare: Histogram::new(),
+            unprepare: Histogram::new(),
+            errors: Mutex::new(BTreeMap::new()),
+            slice_publishes_written: AtomicU64::new(0),
+            slice_publishes_unchanged: AtomicU64::new(0),
+            slice_publishes_failed: AtomicU64::new(0),
+        }
+    }
+
+    /// Count one failed claim of `op` (`prepare` or `unprepare`) for `reason` (see [`reason`]).
+    pub fn error(&self, op: &'static str, reason: &str) {
+        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        *errors.entry((op, reason.to_string())).or_default() += 1;
+    }
+
+    /// Count one publish of the ResourceSlices: `Some(true)` wrote slices, `Some(false)` found
+    /// them as wanted, `None` failed.
+    pub fn slice_publish(&self, wrote: Option<bool>) {
+        let counter = match wrote {
+            Some(true) => &self.slice_publishes_written,
+            Some(false) => &self.slice_publishes_unchanged,
+            None => &self.slice_publishes_failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The exposition text: these metrics, plus what `engine` knows (checkpoint writes, and the
+    /// MIG instances its claims hold, by profile).
+    pub fn render(&self, engine: Option<&Engine>) -> String {
+        let mut out = String::new();
+        self.prepare.write(
+            &mut out,
+            "migdra_prepare_duration_seconds",
+            "Time to prepare one claim (NodePrepareResources), failures included.",
+        );
+        self.unprepare.write(
+            &mut out,
+            "migdra_unprepare_duration_seconds",
+            "Time to unprepare one claim (NodeUnprepareResources), failures included.",
+        );
+        header(
+            &mut out,
+            "migdra_errors_total",
+            "Claims whose prepare or unprepare failed, by operation and reason.",
+            "counter",
+        );
+        for ((op, reason), n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "migdra_errors_total{{operation=\"{op}\",reason=\"{}\"}} {n}", escape(reason));
+        }
+        header(
+            &mut out,
+            "migdra_slice_publishes_total",
+            "Publishes of this node's ResourceSlices, by result (written, unchanged, failure).",
+            "counter",
+        );
+        let results = [
+            ("written", &self.slice_publishes_written),
+            ("unchanged", &self.slice_publishes_unchanged),
+            ("failure", &self.slice_publishes_failed),
+        ];
+        for (result, n) in results {
+            let _ = writeln!(out, "migdra_slice_publishes_total{{result=\"{result}\"}} {}", n.load(Ordering::Relaxed));
+        }
+        header(&mut out, "migdra_checkpoint_writes_total", "Atomic checkpoint writes by this process.", "counter");
+        let _ = writeln!(out, "migdra_checkpoint_writes_total {}", engine.map_or(0, Engine::checkpoint_writes));
+        header(
+            &mut out,
+            "migdra_mig_instances",
+            "MIG instances held by claims in the checkpoint, by profile (every profile of this node's MIG GPUs is listed).",
+            "gauge",
+        );
+        let mut instances: BTreeMap<String, u64> = BTreeMap::new();
+        let mut ok = 1;
+        if let Some(engine) = engine {
+            for g in engine.gpus().iter().filter(|g| g.info.mig_enabled) {
+                for p in &g.model.profiles {
+                    instances.entry(p.name.clone()).or_default();
+                }
+            }
+            match engine.checkpoint() {
+                Ok(cp) => {
+                    for m in cp.claims.values().flat_map(|c| &c.devices).filter_map(|d| d.mig.as_ref()) {
+                        if m.gi_id.is_some() {
+                            *instances.entry(m.profile.clone()).or_default() += 1;
+                        }
+                    }
+                }
+                Err(_) => ok = 0,
+            }
+        }
+        for (profile, n) in &instances {
+            let _ = writeln!(out, "migdra_mig_instances{{profile=\"{}\"}} {n}", escape(profile));
+        }
+        header(&mut out, "migdra_checkpoint_readable", "1 when the last scrape could read the checkpoint.", "gauge");
+        let _ = writeln!(out, "migdra_checkpoint_readable {ok}");
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A label value as the text format wants it: `\`, `"` and newlines escaped.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The fixed set of error reasons a failed prepare or unprepare is counted under: `bad-device`,
+/// `device-in-use`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`, `checkpoint`,
+/// `timeout` (a GPU lock held too long), `discovery`.
+pub fn reason(e: &PrepareError) -> String {
+    match e {
+        PrepareError::BadDevice { .. } => "bad-device".into(),
+        PrepareError::DeviceInUse { .. } => "device-in-use".into(),
+        PrepareError::AllocationChanged { .. } => "allocation-changed".into(),
+        PrepareError::Nvml { source, .. } => match source.code() {
+            Some(code) => format!("nvml-{}", code.name()),
+            None => "nvml".into(),
+        },
+        PrepareError::Cdi { .. } => "cdi".into(),
+        PrepareError::Checkpoint { .. } => "checkpoint".into(),
+        PrepareError::Busy { .. } => "timeout".into(),
+        PrepareError::Discovery(_) => "discovery".into(),
+    }
+}
+
+/// Whether `addr` may serve metrics without `--metrics-allow-remote`: loopback only.
+pub fn is_local(addr: &std::net::SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// Largest request head read; a scrape sends a few hundred bytes.
+const MAX_REQUEST: usize = 8192;
+/// Connections answered at once; more wait.
+const MAX_CONNECTIONS: usize = 16;
+/// A client must send its request within this time.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serve `GET /metrics` (the text of `render`) on `listener` until `shutdown` completes. Each
+/// connection gets one answer and is closed (HTTP/1.1 with `Connection: close`).
+pub async fn serve<F>(listener: tokio::net::TcpListener, render: F, shutdown: impl std::future::Future<Output = ()>)
+where
+    F: Fn() -> String + Send + Sync + 'static,
+{
+    let render = std::sync::Arc::new(render);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let render = render.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, render).await {
+                tracing::debug!(%peer, error = %e, "metrics: connection failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn answer<F>(mut stream: tokio::net::TcpStream, render: std::sync::Arc<F>) -> std::io::Result<()>
+where
+    F: Fn() -> String + Send + Sync + 'static,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::with_capacity(1024);
+    let read = async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+            if buf.len() >= MAX_REQUEST {
+                return Err(std::io::Error::other("request head too large"));
+            }
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        Ok(())
+    };
+    let read_result = tokio::time::timeout(READ_TIMEOUT, read).await;
+    let head = String::from_utf8_lossy(&buf);
+    let mut first = head.lines().next().unwrap_or_default().split_whitespace();
+    let (method, target) = (first.next().unwrap_or_default(), first.next().unwrap_or_default());
+    let path = target.split('?').next().unwrap_or_default();
+    let (status, content_type, body) = match (read_result, method, path) {
+        (Err(_) | Ok(Err(_)), _, _) => ("400 Bad Request", "text/plain", "bad request\n".to_string()),
+        (_, "GET" | "HEAD", "/metrics") => {
+            let body = tokio::task::spawn_blocking(move || render()).await.unwrap_or_default();
+            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
+        }
+        (_, "GET" | "HEAD", "/") => ("200 OK", "text/plain", "migdra metrics: GET /metrics\n".to_string()),
+        (_, "GET" | "HEAD", _) => ("404 Not Found", "text/plain", "not found; GET /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain", "only GET\n".to_string()),
+    };
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != "HEAD" {
+        response.push_str(&body);
+    }
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_in_inf() {
+        let h = Histogram::new();
+        h.observe(Duration::from_micros(500));
+        h.observe(Duration::from_millis(30));
+        h.observe(Duration::from_secs(120));
+        let mut out = String::new();
+        h.write(&mut out, "x_seconds", "help");
+        assert!(out.starts_with("# HELP x_seconds help\n# TYPE x_seconds histogram\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"0.001\"} 1\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"0.025\"} 1\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"0.05\"} 2\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"60\"} 2\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("x_seconds_count 3\n"), "{out}");
+        assert!(out.contains("x_seconds_sum 120.0305\n"), "{out}");
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_even_before_any_call() {
+        let m = Metrics::new();
+        m.error("prepare", "nvml-in-use");
+        m.error("prepare", "nvml-in-use");
+        m.slice_publish(Some(true));
+        let text = m.render(None);
+        for family in [
+            "migdra_prepare_duration_seconds",
+            "migdra_unprepare_duration_seconds",
+            "migdra_errors_total",
+            "migdra_slice_publishes_total",
+            "migdra_checkpoint_writes_total",
+            "migdra_mig_instances",
+        ] {
+            assert!(text.contains(&format!("# HELP {family} ")), "{family}: {text}");
+            assert!(text.contains(&format!("# TYPE {family} ")), "{family}: {text}");
+        }
+        assert!(text.contains("migdra_errors_total{operation=\"prepare\",reason=\"nvml-in-use\"} 2\n"), "{text}");
+        assert!(text.contains("migdra_slice_publishes_total{result=\"written\"} 1\n"), "{text}");
+    }
+
+    #[test]
+    fn only_loopback_is_local() {
+        assert!(is_local(&"127.0.0.1:9400".parse().unwrap()));
+        assert!(is_local(&"[::1]:9400".parse().unwrap()));
+        assert!(!is_local(&"0.0.0.0:9400".parse().unwrap()));
+        assert!(!is_local(&"10.0.0.7:9400".parse().unwrap()));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
