@@ -32,7 +32,8 @@ pub enum GpuKey {
 
 impl GpuKey {
     fn parse(s: &str) -> Option<Self> {
-        if s.len() > 4 && s[..4].eq_ignore_ascii_case("GPU-") {
+        // `get`, not `[..4]`: a key may start with a multi-byte character (found by tests/fuzz.rs).
+        if s.len() > 4 && s.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GPU-")) {
             return Some(Self::Uuid(format!("GPU-{}", s[4..].to_ascii_lowercase())));
         }
         normalize_pci(s).map(Self::PciBusId)
