@@ -5,6 +5,7 @@
 
 mod backend;
 mod claims;
+mod cleanup;
 mod demo;
 mod layout;
 mod output;
@@ -92,6 +93,11 @@ pub struct NodeFlags {
     /// no server, takes split)
     #[arg(long, global = true, env = "MIGDRA_SLICE_LAYOUT", value_enum, default_value_t)]
     pub slice_layout: SliceLayoutFlag,
+    /// Order of each GPU's partitions in the slices; the scheduler takes the first that fits, so
+    /// the order picks the placement: packed (profiles of up to two memory slices from the end of
+    /// the GPU, larger ones from its start) or ascending (every placement in ascending order)
+    #[arg(long, global = true, env = "MIGDRA_DEVICE_ORDER", value_enum, default_value_t)]
+    pub device_order: DeviceOrderFlag,
     /// kubeconfig for the API server [default: in-cluster, then ~/.kube/config]
     #[arg(long, global = true, env = "KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
@@ -107,6 +113,25 @@ pub enum SliceLayoutFlag {
     Combined,
     /// Counter sets and devices in separate slices of one pool (Kubernetes 1.35 and newer)
     Split,
+}
+
+/// `--device-order` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceOrderFlag {
+    /// Small profiles from the end of each GPU, large ones from its start (accepts more in churn)
+    #[default]
+    Packed,
+    /// Every profile's placements in ascending order, as NVIDIA's driver publishes them
+    Ascending,
+}
+
+impl From<DeviceOrderFlag> for crate::packing::DeviceOrder {
+    fn from(f: DeviceOrderFlag) -> Self {
+        match f {
+            DeviceOrderFlag::Packed => Self::Packed,
+            DeviceOrderFlag::Ascending => Self::Ascending,
+        }
+    }
 }
 
 /// `--mig-mode` values.
@@ -134,6 +159,9 @@ pub enum Command {
     Sim(sim::SimCommand),
     /// Claims in the checkpoint; prepare, unprepare or recover by hand
     Claims(claims::Args),
+    /// MIG instances no claim explains (dynamic GPUs only), CDI specs without a claim, and claims
+    /// whose instance is gone; --dry-run lists them and changes nothing
+    Cleanup(cleanup::Args),
     /// The kubelet plugin daemon
     Serve(serve::Args),
     /// A day on a simulated node: the real daemon, driven over its sockets like a kubelet
@@ -179,6 +207,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Slices(args) => slices::run(&args, &cli.global, out),
         Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),
         Command::Claims(args) => claims::run(&args, &cli.global, out),
+        Command::Cleanup(args) => cleanup::run(&args, &cli.global, out),
         Command::Serve(args) => serve::run(&args, &cli.global),
         Command::Demo(args) => demo::run(&args, out),
     }

@@ -66,7 +66,7 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
         dry.node.state_dir = Some(std::env::temp_dir());
     }
     let engine = backend::engine(&dry)?;
-    let gpus = inventory::node_gpus(&engine, false)?;
+    let gpus = inventory::node_gpus_ordered(&engine, false, global.node.device_order.into())?;
     let built = slices::build(driver, &node, args.node_uid.as_deref(), args.generation, layout, &gpus)
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let problems = slices::validate(&built, layout);

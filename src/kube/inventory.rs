@@ -6,6 +6,7 @@ use super::slices::GpuSlices;
 use crate::gpu::{GpuBackend, GpuError};
 use crate::mig::counters;
 use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, gpu_devices};
+use crate::packing::policy::{self, DeviceOrder};
 use crate::prepare::{Engine, GpuEntry};
 
 /// What the device model needs to know about an engine's GPU.
@@ -47,21 +48,39 @@ pub fn existing_instances(backend: &dyn GpuBackend, gpu: &GpuEntry) -> Result<Ve
     Ok(out)
 }
 
-/// One GPU's slice input: dynamic MIG GPUs carry their counter set and devices that consume it;
-/// static MIG and MIG-off GPUs have devices only.
-pub fn gpu_slices(gpu: &GpuEntry, existing: &[ExistingInstance], whole_gpu: bool) -> GpuSlices {
+/// One GPU's slice input: dynamic MIG GPUs carry their counter set and devices that consume it,
+/// in the device `order` (the scheduler takes the first that fits, so the order picks the
+/// placement); static MIG and MIG-off GPUs have devices only.
+pub fn gpu_slices(gpu: &GpuEntry, existing: &[ExistingInstance], whole_gpu: bool, order: DeviceOrder) -> GpuSlices {
     let minor = gpu.info.minor;
     let counter_set =
         (gpu.mode == GpuMode::Dynamic).then(|| (counters::counter_set_name(minor), counters::capacity(&gpu.model)));
-    GpuSlices { minor, counter_set, devices: gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing) }
+    let mut devices = gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing);
+    if gpu.mode == GpuMode::Dynamic {
+        policy::order_devices(&gpu.model, &mut devices, order.policy());
+    }
+    GpuSlices { minor, counter_set, devices }
 }
 
-/// Every GPU of the engine, in NVML index order. `whole_gpu`: also offer MIG-enabled GPUs whole
-/// (only where the operator lets migdra change the MIG mode; Hopper and newer).
+/// Every GPU of the engine, in NVML index order, each GPU's devices in the default order.
+/// `whole_gpu`: also offer MIG-enabled GPUs whole (only where the operator lets migdra change
+/// the MIG mode; Hopper and newer).
 ///
 /// # Errors
 /// NVML fails to list a GPU's instances.
 pub fn node_gpus(engine: &Engine, whole_gpu: bool) -> Result<Vec<GpuSlices>, GpuError> {
+    node_gpus_ordered(engine, whole_gpu, DeviceOrder::default())
+}
+
+/// [`node_gpus`] with each GPU's devices in `order`.
+///
+/// # Errors
+/// NVML fails to list a GPU's instances.
+pub fn node_gpus_ordered(engine: &Engine, whole_gpu: bool, order: DeviceOrder) -> Result<Vec<GpuSlices>, GpuError> {
     let backend = engine.backend();
-    engine.gpus().iter().map(|g| Ok(gpu_slices(g, &existing_instances(backend.as_ref(), g)?, whole_gpu))).collect()
+    engine
+        .gpus()
+        .iter()
+        .map(|g| Ok(gpu_slices(g, &existing_instances(backend.as_ref(), g)?, whole_gpu, order)))
+        .collect()
 }

@@ -23,4 +23,4 @@ pub mod policy;
 
 pub use churn::{Stats, Workload};
 pub use model::{Dev, Node, SliceOrder};
-pub use policy::Policy;
+pub use policy::{DeviceOrder, Policy};

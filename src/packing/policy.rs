@@ -63,6 +63,27 @@ impl Policy {
     }
 }
 
+/// The orders migdra publishes (`--device-order`): the static ones, which need no knowledge of
+/// what the scheduler has allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceOrder {
+    /// (b) [`Policy::Packed`]: in the reference churn it accepts more requests, and more large
+    /// ones, than ascending on 1.34/1.35 (every seed), and as many on 1.36; a pure reorder.
+    #[default]
+    Packed,
+    /// (a) [`Policy::Ascending`]: NVIDIA's order.
+    Ascending,
+}
+
+impl DeviceOrder {
+    pub fn policy(self) -> Policy {
+        match self {
+            Self::Packed => Policy::Packed,
+            Self::Ascending => Policy::Ascending,
+        }
+    }
+}
+
 /// Whether a profile counts as small for [`Policy::Packed`]: at most two memory slices.
 fn is_small(model: &GpuModel, profile: &GiProfile) -> bool {
     profile.memory_slices * 4 <= model.memory_slices
