@@ -67,6 +67,27 @@ pub fn node_name(global: &Global) -> String {
 
 /// The prepare engine the flags describe, with the `MIGDRA_CRASH_AT` test hook.
 pub fn engine(global: &Global) -> Result<Engine, CliError> {
+    engine_with_events(global, true)
+}
+
+/// The engine for commands that only read (`status`, `cleanup --dry-run`): NVML's XID events are
+/// not watched, and a state directory that does not exist is not created (no daemon ran here, so
+/// the checkpoint is empty).
+pub fn read_engine(global: &Global) -> Result<Engine, CliError> {
+    let state = state_dir(global);
+    if state.is_dir() {
+        return engine_with_events(global, false);
+    }
+    let mut g = global.clone();
+    let scratch = std::env::temp_dir().join(format!("migdra-no-state-{}", std::process::id()));
+    g.node.state_dir = Some(scratch.clone());
+    let engine = engine_with_events(&g, false);
+    let _ = std::fs::remove_dir(&scratch);
+    engine
+}
+
+/// The engine, watching NVML's XID events when `events` (the daemon's health stream).
+pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliError> {
     use crate::mig::devices::GpuMode;
     let mode = |m: MigModeFlag| match m {
         MigModeFlag::Dynamic => GpuMode::Dynamic,
@@ -92,7 +113,7 @@ pub fn engine(global: &Global) -> Result<Engine, CliError> {
         };
         opts.mode_overrides.push((gpu.trim().to_string(), m));
     }
-    let backend: Arc<dyn GpuBackend> = Arc::from(open_with_events(global, true)?);
+    let backend: Arc<dyn GpuBackend> = Arc::from(open_with_events(global, events)?);
     let engine = Engine::new(backend, opts).map_err(|e| CliError::Failed(e.to_string()))?;
     Ok(match std::env::var("MIGDRA_CRASH_AT") {
         Ok(step) => {

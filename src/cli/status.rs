@@ -73,7 +73,7 @@ struct ClaimView {
 }
 
 pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
-    let engine = backend::engine(global)?;
+    let engine = backend::read_engine(global)?;
     let checkpoint = engine.checkpoint().map_err(|e| CliError::Failed(e.to_string()))?;
     let backend = engine.backend();
     let mut gpus = Vec::new();

@@ -9,11 +9,13 @@
 //! Concurrency: each GPU has its own lock ([`locks`]), so claims on different GPUs run in
 //! parallel; the checkpoint is a locked read-modify-write shared by every plugin process.
 
+mod cleanup;
 mod locks;
 mod plan;
 mod recovery;
 mod status;
 
+pub use cleanup::{CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
 pub use status::{DeviceStatusData, Placement, status_data};
 

@@ -1,0 +1,307 @@
+//! `migdra cleanup`: what the checkpoint, the CDI directory and the hardware disagree on, found on
+//! a live node next to the running daemon, and fixed only when asked.
+//!
+//! - **Orphans**: MIG instances on dynamic GPUs that no claim in the checkpoint explains; destroyed
+//!   (CI, then GI). Instances on static GPUs are an administrator's and never appear here.
+//! - **Stale CDI specs**: specs of this driver whose claim the checkpoint does not hold; removed.
+//! - **Lost claims**: prepared claims whose instance (or GPU) is gone; their instance IDs are
+//!   forgotten and they are marked for re-creation, as after a reboot, so the kubelet's next
+//!   prepare makes them again and an unprepare succeeds.
+//!
+//! Every change is re-checked under the lock the daemon takes for the same change (the GPU's lock
+//! for instances, the checkpoint lock for specs and claims), so a claim the daemon is preparing
+//! right now is never touched. A dry run takes no lock and changes nothing.
+
+use super::{Engine, PrepareError, destroy_gi, holds};
+use crate::gpu::{GpuInstance, NvmlCode};
+use crate::mig::devices::GpuMode;
+use crate::mig::naming::DeviceName;
+use crate::state::{Checkpoint, ClaimRecord, ClaimState};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What cleanup found, and what it did or would do with each finding.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CleanupReport {
+    pub dry_run: bool,
+    pub orphans: Vec<OrphanInstance>,
+    pub stale_cdi_specs: Vec<StaleSpec>,
+    pub lost_claims: Vec<LostClaim>,
+}
+
+impl CleanupReport {
+    /// Whether any change that was tried failed.
+    pub fn failed(&self) -> bool {
+        self.orphans
+            .iter()
+            .map(|o| &o.outcome)
+            .chain(self.stale_cdi_specs.iter().map(|s| &s.outcome))
+            .chain(self.lost_claims.iter().map(|c| &c.outcome))
+            .any(|o| o.error.is_some())
+    }
+
+    /// Whether there is nothing to clean up.
+    pub fn is_empty(&self) -> bool {
+        self.orphans.is_empty() && self.stale_cdi_specs.is_empty() && self.lost_claims.is_empty()
+    }
+}
+
+/// What happened to one finding: `action` says it (`would destroy`, `destroyed`, `skipped`, …).
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub action: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    fn planned(dry_run: bool, would: &str, did: &str) -> Self {
+        Self { action: if dry_run { would } else { did }.to_string(), error: None }
+    }
+
+    fn failed(error: impl ToString) -> Self {
+        Self { action: "failed".into(), error: Some(error.to_string()) }
+    }
+
+    fn skipped(why: &str) -> Self {
+        Self { action: format!("skipped: {why}"), error: None }
+    }
+}
+
+/// A MIG instance no claim explains.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OrphanInstance {
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    /// The device name the partition has in our slices.
+    pub device: String,
+    pub profile: String,
+    pub gpu_instance_id: u32,
+    pub placement_start: u32,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// A CDI spec whose claim the checkpoint does not hold.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaleSpec {
+    pub claim_uid: String,
+    pub path: String,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// A prepared claim whose hardware is gone.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LostClaim {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// Each missing device, with what is missing.
+    pub missing: Vec<String>,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+impl Engine {
+    /// Find (and unless `dry_run`, fix) orphans, stale CDI specs and lost claims.
+    ///
+    /// # Errors
+    /// The checkpoint or the GPUs cannot be read, or (not a dry run) the node rebooted since the
+    /// checkpoint was written: then `migdra serve`'s recovery must run first.
+    pub fn cleanup(&self, dry_run: bool) -> Result<CleanupReport, PrepareError> {
+        let ckpt = |source| PrepareError::Checkpoint { claim: "-".into(), source };
+        let cp = self.store.read().map_err(ckpt)?;
+        if !dry_run && !cp.boot_id.is_empty() && cp.boot_id != self.boot_id {
+            return Err(PrepareError::Discovery(crate::gpu::GpuError::Invalid(
+                "the node rebooted since the checkpoint was written; start migdra serve (its recovery re-creates \
+                 the claims) and run cleanup after it"
+                    .into(),
+            )));
+        }
+        let mut report = CleanupReport { dry_run, ..Default::default() };
+        let mut instances: BTreeMap<String, Vec<GpuInstance>> = BTreeMap::new();
+        for gpu in self.gpus.iter().filter(|g| g.info.mig_enabled) {
+            match self.backend.gpu_instances(&gpu.info.uuid) {
+                Ok(gis) => {
+                    instances.insert(gpu.info.uuid.clone(), gis);
+                }
+                Err(e) if e.code() == Some(NvmlCode::NotSupported) => {}
+                Err(e) => return Err(PrepareError::Discovery(e)),
+            }
+        }
+        report.orphans = self.clean_orphans(&cp, &instances, dry_run)?;
+        report.stale_cdi_specs = self.clean_specs(&cp, dry_run)?;
+        report.lost_claims = self.clean_lost(&cp, &instances, dry_run);
+        Ok(report)
+    }
+
+    fn clean_orphans(
+        &self,
+        cp: &Checkpoint,
+        instances: &BTreeMap<String, Vec<GpuInstance>>,
+        dry_run: bool,
+    ) -> Result<Vec<OrphanInstance>, PrepareError> {
+        let mut out = Vec::new();
+        for gpu in self.gpus.iter().filter(|g| g.mode == GpuMode::Dynamic) {
+            let uuid = gpu.info.uuid.as_str();
+            let explained = |cp: &Checkpoint, gi: &GpuInstance| {
+                cp.claims
+                    .values()
+                    .flat_map(|c| &c.devices)
+                    .any(|d| d.gpu_uuid == uuid && d.mig.as_ref().is_some_and(|m| holds(m, gi)))
+            };
+            let found: Vec<&GpuInstance> =
+                instances.get(uuid).into_iter().flatten().filter(|gi| !explained(cp, gi)).collect();
+            if found.is_empty() {
+                continue;
+            }
+            // Not a dry run: under the GPU's lock, look again; a prepare may have recorded one since.
+            let guard = if dry_run { None } else { Some(gpu.lock.lock(self.opts.lock_timeout)) };
+            let now = match &guard {
+                Some(Ok(_)) => {
+                    Some(self.store.read().map_err(|source| PrepareError::Checkpoint { claim: "-".into(), source })?)
+                }
+                _ => None,
+            };
+            for gi in found {
+                let profile = gpu
+                    .model
+                    .profile(gi.profile_id)
+                    .map_or_else(|| format!("id {}", gi.profile_id), |p| p.name.clone());
+                let outcome = match (&guard, &now) {
+                    (None, _) => Outcome::planned(true, "would destroy", ""),
+                    (Some(Err(e)), _) => Outcome::failed(format!("GPU lock: {e}")),
+                    (Some(Ok(_)), Some(now)) if explained(now, gi) => Outcome::skipped("a claim took it meanwhile"),
+                    (Some(Ok(_)), _) => match destroy_gi(self.backend.as_ref(), uuid, gi.id, None) {
+                        Ok(()) => Outcome::planned(false, "", "destroyed"),
+                        Err(e) => Outcome::failed(e),
+                    },
+                };
+                out.push(OrphanInstance {
+                    gpu_uuid: uuid.to_string(),
+                    gpu_index: gpu.info.index,
+                    device: DeviceName::mig(gpu.info.minor, &profile, gi.profile_id, gi.start).to_string(),
+                    profile,
+                    gpu_instance_id: gi.id,
+                    placement_start: gi.start,
+                    outcome,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn clean_specs(&self, cp: &Checkpoint, dry_run: bool) -> Result<Vec<StaleSpec>, PrepareError> {
+        let cdi = |source| PrepareError::Cdi { claim: "-".into(), source };
+        let (specs, _unreadable) = self.cdi.list().map_err(cdi)?;
+        let mut out: Vec<StaleSpec> = specs
+            .into_iter()
+            .filter(|(uid, _)| !cp.claims.contains_key(uid))
+            .map(|(uid, _)| StaleSpec {
+                path: self.cdi.spec_path(&uid).map(|p| p.display().to_string()).unwrap_or_default(),
+                claim_uid: uid,
+                outcome: Outcome::planned(true, "would remove", ""),
+            })
+            .collect();
+        if dry_run || out.is_empty() {
+            return Ok(out);
+        }
+        // Under the checkpoint lock: a prepare records its claim there before writing its spec.
+        let done = self.store.update(&self.boot_id, |now| {
+            for s in &mut out {
+                s.outcome = if now.claims.contains_key(&s.claim_uid) {
+                    Outcome::skipped("its claim was prepared meanwhile")
+                } else {
+                    match self.cdi.remove(&s.claim_uid) {
+                        Ok(()) => Outcome::planned(false, "", "removed"),
+                        Err(e) => Outcome::failed(e),
+                    }
+                };
+            }
+            Ok::<_, std::convert::Infallible>(())
+        });
+        if let Err(e) = done {
+            for s in &mut out {
+                s.outcome = Outcome::failed(format!("checkpoint: {e}"));
+            }
+        }
+        Ok(out)
+    }
+
+    fn clean_lost(
+        &self,
+        cp: &Checkpoint,
+        instances: &BTreeMap<String, Vec<GpuInstance>>,
+        dry_run: bool,
+    ) -> Vec<LostClaim> {
+        let mut out: Vec<LostClaim> = cp
+            .claims
+            .values()
+            .filter(|c| c.state == ClaimState::PrepareCompleted && !c.needs_recreate)
+            .filter_map(|c| {
+                let missing = self.missing(c, instances);
+                (!missing.is_empty()).then(|| LostClaim {
+                    uid: c.uid.clone(),
+                    namespace: c.namespace.clone(),
+                    name: c.name.clone(),
+                    missing,
+                    outcome: Outcome::planned(true, "would mark for re-creation", ""),
+                })
+            })
+            .collect();
+        if dry_run || out.is_empty() {
+            return out;
+        }
+        let before: BTreeMap<String, ClaimRecord> =
+            out.iter().filter_map(|l| cp.claims.get(&l.uid).map(|c| (l.uid.clone(), c.clone()))).collect();
+        let done = self.store.update(&self.boot_id, |now| {
+            for l in &mut out {
+                l.outcome = match now.claims.get_mut(&l.uid) {
+                    Some(c) if Some(&*c) == before.get(&l.uid) => {
+                        c.needs_recreate = true;
+                        c.state = ClaimState::PrepareStarted;
+                        for m in c.devices.iter_mut().filter_map(|d| d.mig.as_mut()) {
+                            *m = m.forgotten();
+                        }
+                        Outcome::planned(false, "", "marked for re-creation")
+                    }
+                    _ => Outcome::skipped("the daemon changed the claim meanwhile"),
+                };
+            }
+            Ok::<_, std::convert::Infallible>(())
+        });
+        if let Err(e) = done {
+            for l in &mut out {
+                l.outcome = Outcome::failed(format!("checkpoint: {e}"));
+            }
+        }
+        out
+    }
+
+    /// The devices of a prepared claim whose GPU or instance is gone, each with what is missing.
+    fn missing(&self, c: &ClaimRecord, instances: &BTreeMap<String, Vec<GpuInstance>>) -> Vec<String> {
+        let mut missing = Vec::new();
+        for d in &c.devices {
+            let Some(gpu) = self.gpu(&d.gpu_uuid) else {
+                missing.push(format!("{}: GPU {} is gone", d.device, d.gpu_uuid));
+                continue;
+            };
+            let Some(m) = &d.mig else { continue };
+            if !gpu.info.mig_enabled {
+                missing.push(format!("{}: MIG mode is off on GPU {}", d.device, gpu.info.index));
+                continue;
+            }
+            let Some(gis) = instances.get(&d.gpu_uuid) else { continue };
+            if !gis.iter().any(|gi| holds(m, gi)) {
+                let id = m.gi_id.map_or_else(String::new, |id| format!(" (GI {id})"));
+                missing.push(format!("{}: the {} instance at {}{id} is gone", d.device, m.profile, m.start));
+            }
+        }
+        missing
+    }
+}
