@@ -2,6 +2,7 @@
 //! same cargo and profile as the tests (so it reuses their artifacts), and copied once per
 //! simulated node, so each node is its own loaded library with its own settings file.
 
+// Each test binary that includes this module uses only part of it.
 #![allow(dead_code)]
 
 use migdra::gpu::nvml::{NvmlBackend, NvmlOptions};

@@ -86,7 +86,16 @@ pub fn model(nvml: &Nvml, dev: &Device, id: &Identity) -> Result<GpuModel> {
     let described = describe_from_nvml(&describe(nvml, dev, id)?)
         .map_err(|e| GpuError::Unsupported(format!("GPU {} has MIG on, but {e}", id.uuid)))?;
     match known {
-        Some(c) if same_partitions(c, &described) => Ok(c.clone()),
+        Some(c) if same_partitions(c, &described) => {
+            // Profile memory moves by a few hundred MiB between drivers; the catalog holds one's.
+            for p in &c.profiles {
+                let nvml = described.profile(p.id).map_or(p.memory_mib, |d| d.memory_mib);
+                if nvml != p.memory_mib {
+                    tracing::info!(gpu = %id.uuid, profile = %p.name, catalog_mib = p.memory_mib, nvml_mib = nvml, "profile memory differs from the catalog's; publishing the catalog's");
+                }
+            }
+            Ok(c.clone())
+        }
         Some(c) => {
             tracing::warn!(gpu = %id.uuid, catalog = %c.key, "NVML's MIG profiles differ from the catalog's; using NVML's");
             Ok(described)
