@@ -293,7 +293,13 @@ async fn latency(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         prep.sort_unstable();
         unprep.sort_unstable();
         let fs = fs_type(&node.dir);
+        let floor = durable_writes(&node.dir, iterations);
         println!("  files on {what} ({fs}), {iterations} cycles of one 1g claim:");
+        println!(
+            "    the disk's floor, one durable file write (write, fsync, rename, fsync dir): p50 {}  p99 {}",
+            ms(percentile(&floor, 0.5)),
+            ms(percentile(&floor, 0.99))
+        );
         for (op, v) in [("prepare", &prep), ("unprepare", &unprep)] {
             let p99 = percentile(v, 0.99);
             println!(
@@ -310,6 +316,26 @@ async fn latency(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         }
         drop(daemon);
     }
+}
+
+/// How long one durable write takes here, as the checkpoint and CDI writers do it: the floor
+/// under every prepare and unprepare, which write several files.
+fn durable_writes(dir: &Path, n: usize) -> Vec<Duration> {
+    use std::io::Write;
+    let data = vec![b'x'; 2048];
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let tmp = dir.join("floor.tmp");
+        let mut f = std::fs::File::create(&tmp).expect("temp file");
+        f.write_all(&data).expect("write");
+        f.sync_all().expect("fsync");
+        std::fs::rename(&tmp, dir.join("floor.json")).expect("rename");
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).expect("fsync dir");
+        out.push(t.elapsed());
+    }
+    out.sort_unstable();
+    out
 }
 
 /// The file system type under `p`, from /proc/mounts (longest mount prefix).

@@ -605,6 +605,33 @@ fn best_fit(gpus: &[Gpu], live: &[String], profile: &str) -> bool {
     search(&mig, &wanted, &mut layout, (0, 0))
 }
 
+/// What migdra's packing model says the scheduler picks for one `profile` device: the first
+/// free device of that profile whose counters fit, walking the published slices by name (1.36+)
+/// and each slice's devices in published order. `None` for a whole GPU (not modelled) or no fit.
+fn model_choice(published: &[ResourceSlice], gpus: &[Gpu], allocated: &[String], profile: &str) -> Option<String> {
+    use migdra::packing::model::{Dev, Node, Rng, SliceOrder, first_fit};
+    let mig: Vec<&Gpu> = gpus.iter().filter(|g| g.mig).collect();
+    let model = mig.first()?.model;
+    let p = model.profile_by_name(profile)?;
+    let pos = |minor: u32| mig.iter().position(|g| g.minor == minor);
+    let dev = |name: &str| match DeviceName::parse(name).ok()? {
+        DeviceName::Mig { parent_minor, profile_id, start, .. } => {
+            Some(Dev { gpu: pos(parent_minor)?, placed: Placed { profile_id, start } })
+        }
+        DeviceName::Gpu { .. } => None,
+    };
+    let mut node = Node::new(model, mig.len(), mig.len());
+    for d in allocated.iter().filter_map(|n| dev(n)) {
+        node.allocate(d);
+    }
+    let mut slices: Vec<&ResourceSlice> = published.iter().collect();
+    slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let order: Vec<Vec<Dev>> =
+        slices.iter().map(|s| s.spec.devices.iter().flatten().filter_map(|d| dev(&d.name)).collect()).collect();
+    let chosen = first_fit(&node, &order, p.id, SliceOrder::ByName, &mut Rng::new(1))?;
+    Some(DeviceName::mig(mig[chosen.gpu].minor, &p.name, p.id, chosen.placed.start).to_string())
+}
+
 async fn create_node(client: &kube::Client) {
     let nodes: Api<Node> = Api::all(client.clone());
     let node: Node = serde_json::from_value(json!({
@@ -1042,6 +1069,8 @@ async fn churn_never_refuses_what_fits() {
     let requests: u64 = std::env::var("MIGDRA_CHURN_PODS").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
     let seed: u64 = std::env::var("MIGDRA_CHURN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6d69_6764_7261);
     let cluster = Cluster::start().await;
+    let published = cluster.published(Duration::from_secs(10)).await;
+    let (mut predicted, mut agreed) = (0, 0);
     let t0 = Instant::now();
     // Small partitions come more often than large ones, as on a shared cluster.
     let mix =
@@ -1064,6 +1093,7 @@ async fn churn_never_refuses_what_fits() {
         let before: Vec<String> = cluster.allocations().await.into_iter().map(|(_, d)| d).collect();
         let best = best_fit(&gpus, &before, profile);
         baseline += u32::from(best);
+        let mut prediction = model_choice(&published, &gpus, &before, profile);
         let t = Instant::now();
         cluster.create_pod(&name, profile, None).await;
         let entry = asked.entry(profile).or_default();
@@ -1082,11 +1112,24 @@ async fn churn_never_refuses_what_fits() {
                 );
                 late += 1;
                 outcome = Outcome::Bound;
+                // Decided on an older view: the model, fed the view of now, may differ.
+                prediction = None;
             }
         }
         match outcome {
             Outcome::Bound => {
                 latency += t.elapsed();
+                if let Some(want) = &prediction {
+                    // The allocator model against the real scheduler, placement for placement.
+                    let got: Vec<String> = cluster.pod_claims(&name).await.iter().flat_map(allocated).collect();
+                    predicted += 1;
+                    assert_eq!(
+                        got,
+                        [want.clone()],
+                        "{name}: the packing model predicted {want} from the published order, the scheduler chose {got:?}"
+                    );
+                    agreed += 1;
+                }
                 cluster.prepare(&name).await;
                 placed += 1;
                 entry.1 += 1;
@@ -1108,7 +1151,8 @@ async fn churn_never_refuses_what_fits() {
         "churn (seed {seed}): {requests} requests, {deleted} departures; the scheduler placed {placed} \
          ({late} after a retry), refused {refused}, each refusal checked: fits nowhere by the counters and \
          NVML's rules; best placement (everything live repacked) would have placed {baseline}; per profile \
-         placed/requested: {}; mean time to bind {:.0?}; {:.1?} in all",
+         placed/requested: {}; mean time to bind {:.0?}; {:.1?} in all; the packing model predicted \
+         {agreed} of {predicted} placements exactly",
         per_profile.join(", "),
         latency / placed.max(1),
         t0.elapsed()
