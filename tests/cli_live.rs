@@ -247,7 +247,7 @@ fn read_commands_on_a_fresh_node_create_nothing_and_errors_are_one_line() {
     assert!(err.contains("--nvml-lib"), "names the fix: {err}");
 }
 
-/// The live-node path: `status`, `layout` and `cleanup --dry-run` on the NVML backend (the fake
+/// The live-node path: `status`, `layout`, `profiles` and `cleanup --dry-run` on the NVML backend (the fake
 /// libnvidia-ml) see the claim a daemon prepared and the orphan beside it, and call nothing that
 /// changes a GPU; `cleanup` then destroys the orphan through NVML.
 #[test]
@@ -271,6 +271,9 @@ fn on_nvml_status_layout_and_cleanup_dry_run_read_only_then_cleanup_destroys_the
     assert_eq!(status["gpus"][0]["instances"].as_array().unwrap().len(), 2, "{status:#}");
     let layout = node.json(&["layout"]);
     assert_eq!(layout["gpus"].as_array().unwrap().len(), 2);
+    let profiles = node.json(&["profiles"]);
+    assert_eq!(profiles.as_array().map(Vec::len), Some(1), "the node's one model: {profiles:#}");
+    assert_eq!(profiles[0]["model"], "h100-80gb");
     let dry = node.json(&["cleanup", "--dry-run"]);
     assert_eq!(findings(&dry, "orphans", "device"), [(orphan.clone(), "would destroy".to_string())], "{dry:#}");
     assert_eq!(findings(&dry, "lostClaims", "uid"), [(uid(2), "would mark for re-creation".to_string())]);

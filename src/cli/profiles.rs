@@ -7,7 +7,8 @@ use std::io::Write;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// GPU model (e.g. h100-80gb); without it, the models of --sim, or every model
+    /// GPU model (e.g. h100-80gb); without it, the models of --sim, of the GPUs behind --sim-state
+    /// or --nvml-lib (a live node), or every model
     #[arg(long, env = "MIGDRA_MODEL")]
     pub model: Option<String>,
 }
@@ -60,24 +61,37 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
     Ok(())
 }
 
-fn selected(args: &Args, global: &Global) -> Result<Vec<&'static GpuModel>, CliError> {
+fn selected(args: &Args, global: &Global) -> Result<Vec<GpuModel>, CliError> {
     if let Some(key) = &args.model {
         let m = catalog::model(key).ok_or_else(|| {
             CliError::Usage(format!("unknown model {key:?}; valid models: {}", catalog::model_keys()))
         })?;
-        return Ok(vec![m]);
+        return Ok(vec![m.clone()]);
+    }
+    // A live node (--nvml-lib, as the DaemonSet sets it) or a simulator state file: its own GPUs'
+    // models, as NVML describes them.
+    if global.sim.is_none() && (global.sim_state.is_some() || global.nvml_lib.is_some()) {
+        let backend = super::backend::open(global)?;
+        let mut models: Vec<GpuModel> = Vec::new();
+        for gpu in backend.gpus()? {
+            let m = backend.model(&gpu.uuid)?;
+            if !models.iter().any(|k| k.key == m.key) {
+                models.push(m);
+            }
+        }
+        return Ok(models);
     }
     if let Some(spec) = &global.sim {
         let spec = crate::gpu::sim::SimSpec::parse(spec)?;
-        let mut keys: Vec<&'static GpuModel> = Vec::new();
+        let mut keys: Vec<GpuModel> = Vec::new();
         for m in spec.models() {
             if !keys.iter().any(|k| k.key == m.key) {
-                keys.push(m);
+                keys.push(m.clone());
             }
         }
         return Ok(keys);
     }
-    Ok(catalog::models().iter().collect())
+    Ok(catalog::models().to_vec())
 }
 
 fn view(m: &GpuModel) -> ModelView<'_> {
