@@ -280,9 +280,14 @@ async fn latency(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
             prepare_ok(&k, c).await;
             unprepare_ok(&k, c).await;
         }
-        let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+        let (mut prep, mut unprep, mut empty) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..iterations {
             let c = &claims[i % claims.len()];
+            // The same socket and protocol with no claim in the call: what the machine and gRPC
+            // cost, interleaved with the real calls so both see the same load.
+            let t = Instant::now();
+            k.prepare(Version::V1, &[]).await.expect("an empty NodePrepareResources");
+            empty.push(t.elapsed());
             let t = Instant::now();
             prepare_ok(&k, c).await;
             prep.push(t.elapsed());
@@ -292,6 +297,7 @@ async fn latency(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         }
         prep.sort_unstable();
         unprep.sort_unstable();
+        empty.sort_unstable();
         let fs = fs_type(&node.dir);
         let floor = durable_writes(&node.dir, iterations);
         println!("  files on {what} ({fs}), {iterations} cycles of one 1g claim:");
@@ -299,6 +305,11 @@ async fn latency(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
             "    the disk's floor, one durable file write (write, fsync, rename, fsync dir): p50 {}  p99 {}",
             ms(percentile(&floor, 0.5)),
             ms(percentile(&floor, 0.99))
+        );
+        println!(
+            "    the socket's floor, an empty NodePrepareResources:          p50 {}  p99 {}",
+            ms(percentile(&empty, 0.5)),
+            ms(percentile(&empty, 0.99))
         );
         for (op, v) in [("prepare", &prep), ("unprepare", &unprep)] {
             let p99 = percentile(v, 0.99);
