@@ -1125,7 +1125,7 @@ async fn churn_never_refuses_what_fits() {
                     predicted += 1;
                     assert_eq!(
                         got,
-                        [want.clone()],
+                        std::slice::from_ref(want),
                         "{name}: the packing model predicted {want} from the published order, the scheduler chose {got:?}"
                     );
                     agreed += 1;
