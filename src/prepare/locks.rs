@@ -1,11 +1,13 @@
 //! Per-GPU locks: an in-process mutex so prepares on one GPU run one at a time, and a lock file so
 //! two plugin processes (old and new pod during a rolling upgrade) never mutate one GPU at once.
-//! Different GPUs never share a lock, so they are prepared in parallel.
+//! Different GPUs never share a lock, so they are prepared in parallel. Per-claim locks keep a
+//! prepare and an unprepare of one claim from interleaving.
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The lock of one GPU.
@@ -50,5 +52,44 @@ impl GpuLock {
                 Err(std::fs::TryLockError::Error(e)) => return Err(e),
             }
         }
+    }
+}
+
+/// The claims being prepared or unprepared in this process.
+///
+/// The kubelet may call prepare while an unprepare of the same claim still runs (its call timed
+/// out, and a call whose client hangs up is finished anyway). Interleaved, the prepare could adopt
+/// a compute instance the unprepare then destroys, and record the claim as prepared without it
+/// (found by the storm in tests/reliability). One claim's calls therefore run one at a time;
+/// different claims still run in parallel.
+#[derive(Debug, Default)]
+pub struct ClaimLocks {
+    busy: Mutex<HashSet<String>>,
+    freed: Condvar,
+}
+
+/// Held while one claim is being changed; released on drop.
+#[derive(Debug)]
+pub struct ClaimGuard<'a> {
+    locks: &'a ClaimLocks,
+    uid: String,
+}
+
+impl ClaimLocks {
+    /// Wait until no other call works on `uid`, then hold it.
+    pub fn lock(&self, uid: &str) -> ClaimGuard<'_> {
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        while busy.contains(uid) {
+            busy = self.freed.wait(busy).unwrap_or_else(PoisonError::into_inner);
+        }
+        busy.insert(uid.to_string());
+        ClaimGuard { locks: self, uid: uid.to_string() }
+    }
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.locks.busy.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.uid);
+        self.locks.freed.notify_all();
     }
 }

@@ -28,7 +28,7 @@ use crate::slurm::{self, GpuSlurm, NodeGpu, NodeMig, Resolution};
 use crate::state::{
     Checkpoint, CheckpointStore, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord, StateError,
 };
-use locks::GpuLock;
+use locks::{ClaimLocks, GpuLock};
 use plan::PlannedDevice;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -224,6 +224,8 @@ pub struct Engine {
     boot_id: String,
     hook: Option<Hook>,
     slurm: Resolution,
+    /// One call at a time per claim UID.
+    claims: ClaimLocks,
 }
 
 /// What one device of a claim holds on the hardware while a prepare runs, for rollback.
@@ -276,6 +278,7 @@ impl Engine {
             boot_id,
             hook: None,
             slurm,
+            claims: ClaimLocks::default(),
         })
     }
 
@@ -332,6 +335,7 @@ impl Engine {
     /// # Errors
     /// Only this claim fails; whatever this call created has been destroyed again.
     pub fn prepare(&self, claim: &ClaimRef, results: &[AllocationResult]) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let _claim = self.claims.lock(&claim.uid);
         let who = describe(claim);
         let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
         let names: Vec<&str> = planned.iter().map(|p| p.device.as_str()).collect();
@@ -679,6 +683,7 @@ impl Engine {
     /// # Errors
     /// NVML refuses a destroy (e.g. IN_USE); the claim stays UnprepareStarted for the retry.
     pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
+        let _claim = self.claims.lock(uid);
         let ckpt = |source| PrepareError::Checkpoint { claim: uid.to_string(), source };
         let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(uid).cloned() else {
             return Ok(());
