@@ -53,13 +53,15 @@ pub struct Node {
     daemons: Cell<u32>,
     /// `--state-dir`; a test may mount something there before the first daemon starts.
     pub state_dir: PathBuf,
+    /// `--kubeconfig` of an API server to read claims from, instead of `--claims-dir`.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Node {
     pub fn new(spec: &str) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let state_dir = tmp.path().join("state");
-        let node = Self { tmp, daemons: Cell::new(0), state_dir };
+        let node = Self { tmp, daemons: Cell::new(0), state_dir, kubeconfig: None };
         node.cli(&["layout", "--sim", spec]);
         node
     }
@@ -87,7 +89,10 @@ impl Node {
             ("--sim-state", d.join("gpus.json")),
             ("--state-dir", self.state_dir.clone()),
             ("--cdi-dir", self.cdi_dir()),
-            ("--claims-dir", d.join("claims")),
+            match &self.kubeconfig {
+                Some(k) => ("--kubeconfig", k.clone()),
+                None => ("--claims-dir", d.join("claims")),
+            },
         ] {
             flags.push(flag.into());
             flags.push(path.into());

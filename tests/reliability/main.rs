@@ -2,5 +2,11 @@
 //! which `hack/reliability.sh` gathers into one table. The counts that must be zero (leaked
 //! instances, double allocations, stuck claims) are also asserted here.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod common;
 mod crash;
+mod outage;
+mod security;
+mod storm;
