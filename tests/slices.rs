@@ -36,6 +36,7 @@ fn migdra(dir: &Path, args: &[&str]) -> String {
         .env_remove("MIGDRA_SLICE_LAYOUT")
         .env_remove("MIGDRA_DRIVER_NAME")
         .env_remove("MIGDRA_MIG_MODE")
+        .env_remove("MIGDRA_DEVICE_ORDER")
         .output()
         .expect("run migdra");
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -143,4 +144,34 @@ fn the_table_lists_one_row_per_slice() {
     assert!(lines[1].starts_with("node-a-mig-slinky-slurm-net-00000  devices"), "{text}");
     assert!(lines[10].contains("counters"), "{text}");
     assert!(lines[11].contains("10 slices, split layout"), "{text}");
+}
+
+/// The scheduler takes the first device that fits, so the order of a GPU's partitions picks the
+/// placement. By default small profiles come from the end of the GPU and large ones from its
+/// start (`--device-order packed`); `ascending` is NVIDIA's order. Either way the same devices.
+#[test]
+fn device_order_packs_small_profiles_from_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let order = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["slices", "-o", "json"];
+        args.extend_from_slice(extra);
+        let list: List = serde_json::from_str(&migdra(dir.path(), &args)).unwrap();
+        let first = list.items.iter().find(|s| s.spec.devices.is_some()).expect("a device slice");
+        first.spec.devices.iter().flatten().map(|d| d.name.clone()).collect()
+    };
+    let packed = order(&[]);
+    let ascending = order(&["--device-order", "ascending"]);
+    let minor = |names: &[String]| names[0].split('-').nth(1).unwrap().to_string();
+    let m = minor(&packed);
+    let pos = |names: &[String], d: &str| names.iter().position(|n| *n == format!("gpu-{m}-mig-{d}")).unwrap();
+    assert_eq!(packed[0], format!("gpu-{m}-mig-1g10gb-19-6"));
+    assert_eq!(ascending[0], format!("gpu-{m}-mig-1g10gb-19-0"));
+    assert!(pos(&packed, "2g20gb-14-4") < pos(&packed, "2g20gb-14-0"));
+    assert!(pos(&packed, "3g40gb-9-0") < pos(&packed, "3g40gb-9-4"));
+    assert!(pos(&ascending, "2g20gb-14-0") < pos(&ascending, "2g20gb-14-4"));
+    let (mut a, mut b) = (packed.clone(), ascending.clone());
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "a pure reorder");
+    assert_eq!(order(&["--device-order", "packed"]), packed);
 }
