@@ -2,6 +2,8 @@
 //! files, a test kubelet prepares and unprepares over the real DRA socket, and the test scrapes
 //! `/metrics` and reads the JSON log, as Prometheus and a log pipeline would.
 
+#![allow(clippy::print_stdout)] // the scrape is printed for the README (--show-output)
+
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::{TestKubelet, Version};
 use serde_json::{Value, json};
@@ -186,6 +188,7 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
     assert!(failed.values().all(Result::is_err), "{failed:?}");
 
     let text = scrape(&addr);
+    println!("scrape after one prepare and one failed prepare:\n{text}");
     assert!(sample(&text, "migdra_prepare_duration_seconds_count") >= 2.0, "{text}");
     assert!(sample(&text, "migdra_prepare_duration_seconds_bucket{le=\"+Inf\"}") >= 2.0, "{text}");
     assert!(sample(&text, "migdra_prepare_duration_seconds_sum") > 0.0, "{text}");
@@ -219,8 +222,10 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
     for l in &of_claim {
         assert_eq!(l["span"]["name"], "claim", "{l}");
         assert_eq!(l["span"]["namespace"], NAMESPACE, "{l}");
+        assert_eq!(l["span"]["claim_name"], "notebook", "{l}");
         assert_eq!(l["span"]["device"], device.as_str(), "{l}");
     }
+    println!("a log line of the claim:\n{}", of_claim[0]);
     let failure = lines
         .iter()
         .find(|l| l["fields"]["message"] == "prepare failed")

@@ -207,13 +207,14 @@ impl Driver {
 }
 
 /// The span every log line of one claim's prepare or unprepare carries: the claim's UID,
-/// namespace and name, and its devices once known (comma-separated device names).
+/// namespace and name, and its devices once known (comma-separated device names). The name is
+/// `claim_name`, not `name`, which JSON logs already use for the span's own name.
 fn claim_span(claim: &ClaimRef) -> tracing::Span {
     tracing::info_span!(
         "claim",
         claim_uid = %claim.uid,
         namespace = %claim.namespace,
-        name = %claim.name,
+        claim_name = %claim.name,
         device = tracing::field::Empty,
     )
 }

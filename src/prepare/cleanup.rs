@@ -160,12 +160,14 @@ impl Engine {
             if found.is_empty() {
                 continue;
             }
-            // Not a dry run: under the GPU's lock, look again; a prepare may have recorded one since.
+            // Not a dry run: under the GPU's lock, look again; a prepare may have recorded one since,
+            // and a GI ID may have been destroyed and reused.
             let guard = if dry_run { None } else { Some(gpu.lock.lock(self.opts.lock_timeout)) };
             let now = match &guard {
-                Some(Ok(_)) => {
-                    Some(self.store.read().map_err(|source| PrepareError::Checkpoint { claim: "-".into(), source })?)
-                }
+                Some(Ok(_)) => Some((
+                    self.store.read().map_err(|source| PrepareError::Checkpoint { claim: "-".into(), source })?,
+                    self.backend.gpu_instances(uuid).map_err(PrepareError::Discovery)?,
+                )),
                 _ => None,
             };
             for gi in found {
@@ -176,7 +178,10 @@ impl Engine {
                 let outcome = match (&guard, &now) {
                     (None, _) => Outcome::planned(true, "would destroy", ""),
                     (Some(Err(e)), _) => Outcome::failed(format!("GPU lock: {e}")),
-                    (Some(Ok(_)), Some(now)) if explained(now, gi) => Outcome::skipped("a claim took it meanwhile"),
+                    (Some(Ok(_)), Some((now, _))) if explained(now, gi) => {
+                        Outcome::skipped("a claim took it meanwhile")
+                    }
+                    (Some(Ok(_)), Some((_, gis))) if !gis.contains(gi) => Outcome::skipped("it is gone already"),
                     (Some(Ok(_)), _) => match destroy_gi(self.backend.as_ref(), uuid, gi.id, None) {
                         Ok(()) => Outcome::planned(false, "", "destroyed"),
                         Err(e) => Outcome::failed(e),
