@@ -122,7 +122,7 @@ fn fuzz_checkpoint_loading() {
     fuzz("checkpoint loading", strategy, |bytes| {
         let decoded = format::decode(&bytes);
         // Every few inputs, also through the store, which quarantines what it cannot read.
-        if n.fetch_add(1, Ordering::Relaxed) % 8 == 0 {
+        if n.fetch_add(1, Ordering::Relaxed).is_multiple_of(8) {
             let state = dir.path().join(format!("s{}", n.load(Ordering::Relaxed)));
             std::fs::create_dir_all(&state).unwrap();
             std::fs::write(state.join("checkpoint.json"), &bytes).unwrap();

@@ -16,7 +16,6 @@ pub const NODE: &str = "node-a";
 pub const NAMESPACE: &str = "team-a";
 
 /// One line `hack/reliability.sh` turns into a row of the figures table.
-#[allow(clippy::print_stdout)]
 pub fn figure(section: &str, name: &str, value: impl std::fmt::Display) {
     println!("FIGURE\t{section}\t{name}\t{value}");
 }

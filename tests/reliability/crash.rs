@@ -10,7 +10,9 @@ use std::time::Duration;
 
 /// (sim spec, device suffix after `gpu-<minor>-`, expected (profile ID, start), or `None` for a
 /// whole GPU).
-const PROFILES: [(&str, &str, Option<(u64, u64)>); 5] = [
+type Profile = (&'static str, &'static str, Option<(u64, u64)>);
+
+const PROFILES: [Profile; 5] = [
     ("h100-80gb:1", "mig-1g10gb-19-6", Some((19, 6))),
     ("h100-80gb:1", "mig-3g40gb-9-4", Some((9, 4))),
     ("h100-80gb:1", "mig-7g80gb-0-0", Some((0, 0))),

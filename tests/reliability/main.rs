@@ -2,6 +2,8 @@
 //! which `hack/reliability.sh` gathers into one table. The counts that must be zero (leaked
 //! instances, double allocations, stuck claims) are also asserted here.
 
+#![allow(clippy::print_stdout, clippy::print_stderr)] // figures, and what a failed check found
+
 #[path = "../support/mod.rs"]
 mod support;
 
