@@ -291,3 +291,23 @@ fn on_nvml_status_layout_and_cleanup_dry_run_read_only_then_cleanup_destroys_the
     assert_eq!(findings(&done, "orphans", "device"), [(orphan, "destroyed".to_string())], "{done:#}");
     assert!(fake.calls()[calls..].iter().any(|c| c == "nvmlGpuInstanceDestroy"), "destroyed through NVML");
 }
+
+/// After a reboot every instance is gone: the dry run lists the claim as lost, and cleanup refuses
+/// with one line that says to start `serve` first (its recovery re-creates claims), changing nothing.
+#[test]
+fn cleanup_after_a_reboot_says_to_start_serve_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Node::sim(tmp.path(), "h100-80gb:1");
+    let m0 = node.minor(0);
+    node.prepare(1, &format!("gpu-{m0}-mig-1g10gb-19-6"));
+    node.ok(&["sim", "reboot"]);
+    let before = node.snapshot();
+    let dry = node.json(&["cleanup", "--dry-run"]);
+    assert_eq!(findings(&dry, "lostClaims", "uid"), [(uid(1), "would mark for re-creation".to_string())], "{dry:#}");
+    let out = node.run(&["cleanup"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("rebooted") && err.contains("start migdra serve"), "{err}");
+    assert_eq!(node.snapshot(), before, "nothing changed");
+}

@@ -12,13 +12,32 @@
 //! for instances, the checkpoint lock for specs and claims), so a claim the daemon is preparing
 //! right now is never touched. A dry run takes no lock and changes nothing.
 
-use super::{Engine, PrepareError, destroy_gi, holds};
+use super::{Engine, destroy_gi, holds};
+use crate::cdi::CdiError;
+use crate::gpu::GpuError;
 use crate::gpu::{GpuInstance, NvmlCode};
 use crate::mig::devices::GpuMode;
 use crate::mig::naming::DeviceName;
+use crate::state::StateError;
 use crate::state::{Checkpoint, ClaimRecord, ClaimState};
 use serde::Serialize;
 use std::collections::BTreeMap;
+
+/// Why cleanup could not look at all. A finding that cannot be fixed is not an error: its
+/// [`Outcome`] says `failed`.
+#[derive(Debug, thiserror::Error)]
+pub enum CleanupError {
+    #[error(
+        "the node rebooted since the checkpoint was written; start migdra serve (its recovery re-creates the claims), then run cleanup"
+    )]
+    Rebooted,
+    #[error("failed to read the checkpoint: {0}")]
+    Checkpoint(#[source] StateError),
+    #[error("failed to list MIG instances: {0}")]
+    Gpu(#[source] GpuError),
+    #[error("failed to list CDI specs: {0}")]
+    Cdi(#[source] CdiError),
+}
 
 /// What cleanup found, and what it did or would do with each finding.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -113,15 +132,10 @@ impl Engine {
     /// # Errors
     /// The checkpoint or the GPUs cannot be read, or (not a dry run) the node rebooted since the
     /// checkpoint was written: then `migdra serve`'s recovery must run first.
-    pub fn cleanup(&self, dry_run: bool) -> Result<CleanupReport, PrepareError> {
-        let ckpt = |source| PrepareError::Checkpoint { claim: "-".into(), source };
-        let cp = self.store.read().map_err(ckpt)?;
+    pub fn cleanup(&self, dry_run: bool) -> Result<CleanupReport, CleanupError> {
+        let cp = self.store.read().map_err(CleanupError::Checkpoint)?;
         if !dry_run && !cp.boot_id.is_empty() && cp.boot_id != self.boot_id {
-            return Err(PrepareError::Discovery(crate::gpu::GpuError::Invalid(
-                "the node rebooted since the checkpoint was written; start migdra serve (its recovery re-creates \
-                 the claims) and run cleanup after it"
-                    .into(),
-            )));
+            return Err(CleanupError::Rebooted);
         }
         let mut report = CleanupReport { dry_run, ..Default::default() };
         let mut instances: BTreeMap<String, Vec<GpuInstance>> = BTreeMap::new();
@@ -131,7 +145,7 @@ impl Engine {
                     instances.insert(gpu.info.uuid.clone(), gis);
                 }
                 Err(e) if e.code() == Some(NvmlCode::NotSupported) => {}
-                Err(e) => return Err(PrepareError::Discovery(e)),
+                Err(e) => return Err(CleanupError::Gpu(e)),
             }
         }
         report.orphans = self.clean_orphans(&cp, &instances, dry_run)?;
@@ -145,7 +159,7 @@ impl Engine {
         cp: &Checkpoint,
         instances: &BTreeMap<String, Vec<GpuInstance>>,
         dry_run: bool,
-    ) -> Result<Vec<OrphanInstance>, PrepareError> {
+    ) -> Result<Vec<OrphanInstance>, CleanupError> {
         let mut out = Vec::new();
         for gpu in self.gpus.iter().filter(|g| g.mode == GpuMode::Dynamic) {
             let uuid = gpu.info.uuid.as_str();
@@ -165,8 +179,8 @@ impl Engine {
             let guard = if dry_run { None } else { Some(gpu.lock.lock(self.opts.lock_timeout)) };
             let now = match &guard {
                 Some(Ok(_)) => Some((
-                    self.store.read().map_err(|source| PrepareError::Checkpoint { claim: "-".into(), source })?,
-                    self.backend.gpu_instances(uuid).map_err(PrepareError::Discovery)?,
+                    self.store.read().map_err(CleanupError::Checkpoint)?,
+                    self.backend.gpu_instances(uuid).map_err(CleanupError::Gpu)?,
                 )),
                 _ => None,
             };
@@ -201,9 +215,8 @@ impl Engine {
         Ok(out)
     }
 
-    fn clean_specs(&self, cp: &Checkpoint, dry_run: bool) -> Result<Vec<StaleSpec>, PrepareError> {
-        let cdi = |source| PrepareError::Cdi { claim: "-".into(), source };
-        let (specs, _unreadable) = self.cdi.list().map_err(cdi)?;
+    fn clean_specs(&self, cp: &Checkpoint, dry_run: bool) -> Result<Vec<StaleSpec>, CleanupError> {
+        let (specs, _unreadable) = self.cdi.list().map_err(CleanupError::Cdi)?;
         let mut out: Vec<StaleSpec> = specs
             .into_iter()
             .filter(|(uid, _)| !cp.claims.contains_key(uid))

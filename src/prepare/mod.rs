@@ -15,7 +15,7 @@ mod plan;
 mod recovery;
 mod status;
 
-pub use cleanup::{CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
+pub use cleanup::{CleanupError, CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
 pub use status::{DeviceStatusData, Placement, status_data};
 
