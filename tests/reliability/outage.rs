@@ -11,12 +11,23 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The reason in an error, cut to fit a table cell: the claim's name and UID that lead every
-/// per-claim error are dropped, and the tail is kept.
-fn short(e: &str) -> String {
-    let line = e.lines().next().unwrap_or_default().replace('|', "/");
+/// per-claim error are dropped, temporary paths shortened, and a Kubernetes status reduced to its
+/// reason.
+fn short(e: &str, tmp: &Path) -> String {
+    let line = e.lines().next().unwrap_or_default().replace('|', "/").replace(&tmp.display().to_string(), "…");
     let reason = line.split_once("): ").map_or(line.as_str(), |(_, r)| r);
-    let n = reason.chars().count();
-    if n > 110 { format!("…{}", reason.chars().skip(n - 110).collect::<String>()) } else { reason.to_string() }
+    let (text, status) = match reason.split_once(": ApiError") {
+        Some((head, rest)) => (head, rest.split("reason: \"").nth(1).and_then(|r| r.split('"').next())),
+        None => (reason, None),
+    };
+    let mut out: String = text.chars().take(110).collect();
+    if text.chars().count() > 110 {
+        out.push('…');
+    }
+    if let Some(status) = status {
+        out.push_str(&format!(" ({status})"));
+    }
+    out
 }
 
 async fn prepare_until_ok(kubelet: &TestKubelet, u: &str, limit: Duration) -> Option<Duration> {
@@ -105,7 +116,7 @@ async fn api_server_down_or_slow() {
     let republished =
         until(Duration::from_secs(60), || slice_count(&api) >= slices).await.expect("the deleted slice comes back");
     let status = until(Duration::from_secs(30), || status_written(&api, &a)).await.expect("status written");
-    figure(section, "down 5 s: prepare answers", format!("error `{}`", short(&err)));
+    figure(section, "down 5 s: prepare answers", format!("error `{}`", short(&err, node.dir())));
     figure(
         section,
         "down 5 s: after it is back",
@@ -338,15 +349,23 @@ async fn state_dir_read_only_or_full() {
         "read-only (tmpfs remounted ro)",
         format!(
             "prepare fails `{}`; unprepare {}; retry OK {} ms after remount rw",
-            short(&ro_err),
-            if ro_unprepare.is_empty() { "OK".to_string() } else { format!("fails `{}`", short(&ro_unprepare)) },
+            short(&ro_err, node.dir()),
+            if ro_unprepare.is_empty() {
+                "OK".to_string()
+            } else {
+                format!("fails `{}`", short(&ro_unprepare, node.dir()))
+            },
             ro_retry.as_millis()
         ),
     );
     figure(
         section,
         "full (512 KiB tmpfs filled)",
-        format!("prepare fails `{}`; retry OK {} ms after freeing space", short(&full_err), full_retry.as_millis()),
+        format!(
+            "prepare fails `{}`; retry OK {} ms after freeing space",
+            short(&full_err, node.dir()),
+            full_retry.as_millis()
+        ),
     );
     figure(section, "leaked instances / stuck claims", format!("{leaked} / {stuck}"));
     assert_eq!((leaked, stuck), (0, 0));
