@@ -2,13 +2,18 @@
 //!
 //! # Layout
 //! - [`mig`]: the pure domain (catalog, placement rules, device names, counters). No I/O.
-//! - [`gpu`]: the hardware boundary, a [`gpu::GpuBackend`] trait with a simulator.
+//! - [`gpu`]: the hardware boundary, a [`gpu::GpuBackend`] trait with a simulator and the NVML
+//!   backend (the crate's only unsafe code, in `gpu::nvml`).
 //! - [`state`]: the checkpoint, the durable record of every claim's progress.
 //! - [`cdi`]: CDI spec files, one per claim, exposing only the prepared devices.
-//! - [`claims`]: where prepare finds a claim's allocation ([`claims::ClaimSource`]; a directory of
-//!   ResourceClaim files for now).
-//! - [`kube`]: the Kubernetes side; for now the ResourceSlices of this node's pool
-//!   ([`kube::slices`]: both layouts, the API's limits and name rules).
+//! - [`claims`]: where prepare finds a claim's allocation ([`claims::ClaimSource`]: the API server,
+//!   or a directory of ResourceClaim files).
+//! - [`prepare`]: the prepare/unprepare state machine, per-GPU locks, rollback, recovery, cleanup.
+//! - [`slurm`]: each GPU's Slurm index (admin map, `slurmd -G`, gres.conf emulation, NVML order)
+//!   and shards.
+//! - [`kube`]: the Kubernetes side: ResourceSlices (both layouts), the publisher, claim lookup,
+//!   claim status, events, and every API call in one list.
+//! - [`kubelet`]: the kubelet's gRPC APIs over Unix sockets.
 //! - [`metrics`]: the Prometheus endpoint of `migdra serve` (off by default).
 //! - [`packing`]: the scheduler's first fit as a model, device orders, and a churn workload to
 //!   compare them.

@@ -81,6 +81,17 @@ pub fn node_gpus_ordered(engine: &Engine, whole_gpu: bool, order: DeviceOrder) -
     engine
         .gpus()
         .iter()
-        .map(|g| Ok(gpu_slices(g, &existing_instances(backend.as_ref(), g)?, whole_gpu, order)))
+        .map(|g| {
+            let existing = match existing_instances(backend.as_ref(), g) {
+                Ok(existing) => existing,
+                // Lost since start: keep the other GPUs published; health marks this one's devices.
+                Err(e) if e.code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
+                    tracing::warn!(gpu = %g.info.uuid, "GPU is lost; publishing its devices without instances: {e}");
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
+            Ok(gpu_slices(g, &existing, whole_gpu, order))
+        })
         .collect()
 }
