@@ -93,3 +93,32 @@ impl Drop for ClaimGuard<'_> {
         self.locks.freed.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A second call on the same claim waits for the first; another claim does not.
+    #[test]
+    fn one_call_at_a_time_per_claim() {
+        let locks = Arc::new(ClaimLocks::default());
+        let first = locks.lock("a");
+        let _other = locks.lock("b");
+        let entered = Arc::new(AtomicBool::new(false));
+        let waiter = std::thread::spawn({
+            let (locks, entered) = (locks.clone(), entered.clone());
+            move || {
+                let _g = locks.lock("a");
+                entered.store(true, Ordering::SeqCst);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!entered.load(Ordering::SeqCst), "entered while the first call held the claim");
+        drop(first);
+        waiter.join().unwrap();
+        assert!(entered.load(Ordering::SeqCst));
+        assert!(locks.busy.lock().unwrap().len() == 1, "only b is still held");
+    }
+}
