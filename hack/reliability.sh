@@ -9,7 +9,7 @@
 #   RELIABILITY_TIMEOUT=600 (default 540) bounds the whole test run.
 #
 # Needs root for the state-directory outage (it mounts a small tmpfs); without it that row says
-# "not run". The table goes to stdout and to target/reliability.md.
+# "not run". The table goes to stdout and to reliability.md in cargo's target directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +43,9 @@ table="$(
         awk -F '\t' -v s="$section" '$1 == "FIGURE" && $2 == s { printf "| %s | %s | %s |\n", $2, $3, $4 }' "$log"
     done
 )"
-printf '%s\n\n' "$table" | tee target/reliability.md
+out_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$out_dir"
+printf '%s\n\n' "$table" | tee "$out_dir/reliability.md"
 echo "($(grep -c '^FIGURE' "$log") figures; tests and fuzzing took ${took}s; fuzzing ${fuzz_seconds}s per target)"
 
 # The counts that must be zero, wherever a row names them.
