@@ -207,10 +207,14 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
             notes.push(warn(format!("{source} unusable: {e}; {verb} {next}")));
         }
     }
-    let (source, Ok(answer)) = &answers[chosen] else { unreachable!("NVML order always answers") };
+    let fallback = nvml_order(gpus);
+    let (source, answer) = match answers.get(chosen) {
+        Some((s, Ok(a))) => (*s, a),
+        _ => (Source::Nvml, &fallback),
+    };
     for (other, a) in &answers {
         let Ok(a) = a else { continue };
-        if *other == *source || *other == Source::Nvml {
+        if *other == source || *other == Source::Nvml {
             continue;
         }
         for (g, (mine, theirs)) in gpus.iter().zip(answer.indexes.iter().zip(&a.indexes)) {
@@ -227,14 +231,14 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
     }
     let shards = settle_shards(settings, gpus, &answers, &mut notes);
     Resolution {
-        source: *source,
+        source,
         rule: answer.rule.clone(),
         gpus: gpus
             .iter()
             .enumerate()
             .map(|(i, g)| GpuSlurm {
                 index: answer.indexes[i],
-                source: *source,
+                source,
                 shards: shards[i],
                 memory_slices: g.memory_slices,
                 migs: answer.migs[i].clone(),
