@@ -78,6 +78,16 @@ struct Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new("scancel").arg("--full").arg("-u").arg("root").env("SLURM_CONF", &self.conf).status();
+        // Let slurmd end the jobs' steps before it goes, so no job outlives the test.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) && !self.scontrol(&["show", "jobs"]).trim().is_empty() {
+            if !self.scontrol(&["show", "jobs"]).contains("JobState=RUNNING")
+                && !self.scontrol(&["show", "jobs"]).contains("JobState=COMPLETING")
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         for d in &mut self.daemons {
             let _ = d.kill();
             let _ = d.wait();
@@ -157,7 +167,7 @@ impl Cluster {
     fn submit(&self, name: &str, gres: &str) -> String {
         run(
             "sbatch",
-            &["--parsable", "-J", name, "-o", "/dev/null", &format!("--gres={gres}"), "--wrap", "sleep 600"],
+            &["--parsable", "-J", name, "-o", "/dev/null", &format!("--gres={gres}"), "--wrap", "sleep 120"],
             &self.conf,
         )
         .trim()
