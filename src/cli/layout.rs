@@ -51,27 +51,37 @@ pub(super) fn read(backend: &dyn GpuBackend) -> Result<LayoutView, crate::gpu::G
     let mut gpus = Vec::new();
     for gpu in backend.gpus()? {
         let model = backend.model(&gpu.uuid)?;
-        let mut instances = Vec::new();
-        if gpu.mig_enabled {
-            let mut gis = backend.gpu_instances(&gpu.uuid)?;
-            gis.sort_by_key(|g| g.start);
-            for gi in gis {
-                let profile = model
-                    .profile(gi.profile_id)
-                    .map_or_else(|| format!("profile {}", gi.profile_id), |p| p.name.clone());
-                instances.push(InstanceView {
-                    device: DeviceName::mig(gpu.minor, &profile, gi.profile_id, gi.start).to_string(),
-                    profile,
-                    profile_id: gi.profile_id,
-                    placement: Placement { start: gi.start, size: gi.size },
-                    gpu_instance_id: gi.id,
-                    compute_instances: backend.compute_instances(&gpu.uuid, gi.id)?,
-                });
-            }
-        }
+        let instances = instances(backend, &gpu, &model)?;
         gpus.push(GpuView { gpu, memory_slices: model.memory_slices, instances });
     }
     Ok(LayoutView { boot_id: backend.boot_id()?, gpus })
+}
+
+/// A GPU's MIG instances in placement order, each with its device name and compute instances.
+pub(super) fn instances(
+    backend: &dyn GpuBackend,
+    gpu: &GpuInfo,
+    model: &crate::mig::catalog::GpuModel,
+) -> Result<Vec<InstanceView>, crate::gpu::GpuError> {
+    if !gpu.mig_enabled {
+        return Ok(Vec::new());
+    }
+    let mut gis = backend.gpu_instances(&gpu.uuid)?;
+    gis.sort_by_key(|g| g.start);
+    gis.into_iter()
+        .map(|gi| {
+            let profile =
+                model.profile(gi.profile_id).map_or_else(|| format!("profile {}", gi.profile_id), |p| p.name.clone());
+            Ok(InstanceView {
+                device: DeviceName::mig(gpu.minor, &profile, gi.profile_id, gi.start).to_string(),
+                profile,
+                profile_id: gi.profile_id,
+                placement: Placement { start: gi.start, size: gi.size },
+                gpu_instance_id: gi.id,
+                compute_instances: backend.compute_instances(&gpu.uuid, gi.id)?,
+            })
+        })
+        .collect()
 }
 
 /// One block per GPU: a header, a row of slice numbers, a row of letters naming the instance on

@@ -3,8 +3,7 @@
 //! claim holding it; then how the Slurm index was decided and any warning. Reads the hardware and
 //! the checkpoint only, so it is safe next to a running daemon.
 
-use super::{CliError, CliResult, Format, Global, backend, output};
-use crate::mig::naming::DeviceName;
+use super::{CliError, CliResult, Format, Global, backend, layout, output};
 use crate::slurm::{Note, Source};
 use crate::state::Checkpoint;
 use serde::Serialize;
@@ -78,26 +77,22 @@ pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
     let backend = engine.backend();
     let mut gpus = Vec::new();
     for g in engine.gpus() {
-        let mut instances = Vec::new();
-        if g.info.mig_enabled {
-            let mut gis = backend.gpu_instances(&g.info.uuid)?;
-            gis.sort_by_key(|gi| gi.start);
-            for gi in gis {
-                let profile =
-                    g.model.profile(gi.profile_id).map_or_else(|| format!("id {}", gi.profile_id), |p| p.name.clone());
-                let ci = backend.compute_instances(&g.info.uuid, gi.id)?.into_iter().next();
-                instances.push(InstanceView {
-                    device: DeviceName::mig(g.info.minor, &profile, gi.profile_id, gi.start).to_string(),
-                    profile,
-                    placement_start: gi.start,
-                    gpu_instance_id: gi.id,
+        let instances = layout::instances(backend.as_ref(), &g.info, &g.model)?
+            .into_iter()
+            .map(|i| {
+                let ci = i.compute_instances.into_iter().next();
+                InstanceView {
+                    slurm_mig_index: ci.as_ref().and_then(|c| g.slurm.mig_index(i.gpu_instance_id, c.id)),
+                    claim: holder(&checkpoint, &g.info.uuid, Some(i.gpu_instance_id)).into_iter().next(),
+                    device: i.device,
+                    profile: i.profile,
+                    placement_start: i.placement.start,
+                    gpu_instance_id: i.gpu_instance_id,
                     compute_instance_id: ci.as_ref().map(|c| c.id),
-                    slurm_mig_index: ci.as_ref().and_then(|c| g.slurm.mig_index(gi.id, c.id)),
                     uuid: ci.map(|c| c.uuid),
-                    claim: holder(&checkpoint, &g.info.uuid, Some(gi.id)).into_iter().next(),
-                });
-            }
-        }
+                }
+            })
+            .collect();
         gpus.push(GpuView {
             index: g.info.index,
             minor: g.info.minor,

@@ -197,9 +197,8 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
     } else {
         notes.push(info(format!("no {}; Slurm's configuration is not on this node", settings.slurm_conf.display())));
     }
-    answers.push((Source::Nvml, Ok(nvml_order(gpus))));
-
-    let chosen = answers.iter().position(|(_, a)| a.is_ok()).unwrap_or(answers.len() - 1);
+    // NVML order always answers, so it is the fallback rather than a candidate.
+    let chosen = answers.iter().position(|(_, a)| a.is_ok()).unwrap_or(answers.len());
     for (i, (source, answer)) in answers.iter().enumerate() {
         if let Err(e) = answer {
             let next = answers[i + 1..].iter().find(|(_, a)| a.is_ok()).map_or("nvml", |(s, _)| s.as_str());
@@ -214,7 +213,7 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
     };
     for (other, a) in &answers {
         let Ok(a) = a else { continue };
-        if *other == source || *other == Source::Nvml {
+        if *other == source {
             continue;
         }
         for (g, (mine, theirs)) in gpus.iter().zip(answer.indexes.iter().zip(&a.indexes)) {
