@@ -17,6 +17,17 @@ if [[ -z ${MIGDRA_CONTROLPLANE_134_BIN:-} ]]; then
   MIGDRA_CONTROLPLANE_134_BIN=$(bash hack/build-controlplane.sh hack/controlplane-1.34 kube-apiserver | tail -n 1)
   export MIGDRA_CONTROLPLANE_134_BIN
 fi
+# tests/kubelet_code.rs drives migdra with the kubelet's own code (hack/kubelet: its plugin
+# manager, DRA manager and the CDI library), and the same program on the kubelet code of 1.34;
+# built from pinned Go modules and cached the same way (a few minutes each when cold).
+if [[ -z ${MIGDRA_KUBELET_BIN:-} ]]; then
+  MIGDRA_KUBELET_BIN=$(bash hack/build-kubelet.sh | tail -n 1)
+  export MIGDRA_KUBELET_BIN
+fi
+if [[ -z ${MIGDRA_KUBELET_134_BIN:-} ]]; then
+  MIGDRA_KUBELET_134_BIN=$(bash hack/build-kubelet.sh hack/kubelet-1.34 | tail -n 1)
+  export MIGDRA_KUBELET_134_BIN
+fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --locked --workspace --lib --bins --tests -- --show-output 2>&1 | tee "$log"

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds migdra-kubelet, the kubelet's own plugin manager, DRA manager and the CDI library in one
+# program (hack/kubelet/main.go), which tests/kubelet_code.rs drives as the client of migdra's
+# sockets. Its Kubernetes code comes from the Go modules pinned in the module dir's go.mod and
+# go.sum, fetched by the go command into its module cache; none of it is in this repo.
+#
+# The binary goes to a cache outside the repo:
+#   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/kubelet-<k8s version>-<hash>/bin/migdra-kubelet
+# where <hash> is of the module dir's files (symlinks followed), so a changed main.go builds
+# anew and an unchanged one is not built again. The last line printed is that bin directory;
+# everything else goes to stderr, so
+#   bin=$(hack/build-kubelet.sh)
+# works.
+#
+# Usage: hack/build-kubelet.sh [MODULE_DIR]
+#   MODULE_DIR defaults to hack/kubelet (Kubernetes 1.36); hack/kubelet-1.34 builds the same
+#   program against the kubelet code of 1.34.
+# Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
+# GOMODCACHE, which are outside the repo by default.
+set -euo pipefail
+
+hack=$(cd "$(dirname "$0")" && pwd)
+mod=$(cd "${1:-$hack/kubelet}" && pwd)
+
+die() { echo "build-kubelet: $*" >&2; exit 1; }
+log() { echo "build-kubelet: $*" >&2; }
+
+command -v go >/dev/null || die "go is not on PATH; migdra-kubelet is built from Go modules (needs Go >= 1.26)"
+
+kube_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit } $1 == "require" && $2 == "k8s.io/kubernetes" { print $3; exit }' "$mod/go.mod")
+[[ -n $kube_version ]] || die "no k8s.io/kubernetes requirement in $mod/go.mod"
+
+# Names and contents of every file in the module dir, in a fixed order; -L reads through
+# hack/kubelet-1.34/main.go, a symlink to hack/kubelet/main.go.
+hash=$(cd "$mod" && find -L . -type f ! -name '.*' | LC_ALL=C sort | while read -r f; do
+	printf '%s\n' "$f"
+	cat "$f"
+done | sha256sum | cut -c1-12)
+
+cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
+bin=$cache/kubelet-$kube_version-$hash/bin
+name=migdra-kubelet
+
+if [[ -x $bin/$name ]]; then
+	log "$name ($kube_version): already in $bin"
+	echo "$bin"
+	exit 0
+fi
+
+mkdir -p "$bin"
+# Two runs at once (say a test run and CI) must not both build into the same place.
+if command -v flock >/dev/null; then
+	exec 9>"$bin/.lock"
+	flock 9
+	if [[ -x $bin/$name ]]; then
+		log "$name ($kube_version): already in $bin (built by another run)"
+		echo "$bin"
+		exit 0
+	fi
+fi
+
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+export CGO_ENABLED=0
+# -mod=readonly: build exactly what go.mod and go.sum pin; fail rather than re-resolve.
+# -buildvcs=false: do not stamp this repo's git state into the binary.
+export GOFLAGS="-mod=readonly -buildvcs=false"
+log "go: $(go version); GOTOOLCHAIN=$GOTOOLCHAIN"
+log "$name: building ${mod#"$hack/"} against k8s.io/kubernetes $kube_version ..."
+start=$SECONDS
+tmp=$bin/.$name.tmp
+if ! (cd "$mod" && go build -trimpath -ldflags="-s -w" -o "$tmp" .); then
+	rm -f "$tmp"
+	die "$name: 'go build' in $mod failed (see the errors above)"
+fi
+# A binary that does not even parse its flags would fail every test in a confusing way.
+"$tmp" -h >/dev/null 2>&1 || [[ $? -eq 2 ]] || { rm -f "$tmp"; die "$name: built, but '$name -h' fails"; }
+mv "$tmp" "$bin/$name"
+log "$name ($kube_version): built in $((SECONDS - start))s, $(du -h "$bin/$name" | cut -f1), in $bin"
+echo "$bin"

@@ -1,0 +1,21 @@
+package main
+
+// The 1.34 side of hack/kubelet/compat.go: the DRA manager's getNode takes no context, and the
+// plugin manager's Run takes none either.
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	"k8s.io/kubernetes/pkg/kubelet/config"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+)
+
+func startDRA(ctx context.Context, m *dra.Manager, activePods dra.ActivePodsFunc, getNode func(context.Context) (*v1.Node, error), ready config.SourcesReady) error {
+	return m.Start(ctx, activePods, func() (*v1.Node, error) { return getNode(ctx) }, ready)
+}
+
+func runPluginManager(_ context.Context, pm pluginmanager.PluginManager, ready config.SourcesReady, stop <-chan struct{}) {
+	pm.Run(ready, stop)
+}
