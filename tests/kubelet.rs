@@ -724,7 +724,12 @@ async fn sigterm_drains_in_flight_calls_then_exits() {
     // What a real kubelet holds open besides: the health stream and a registration connection.
     let mut health = kubelet.watch_health().await.unwrap();
     health.message().await.unwrap().expect("a first health message");
-    let _registration = migdra::kubelet::client::connect(&daemon.registration).await.unwrap();
+    let _registration = migdra::kubelet::client::connect(
+        &daemon.registration,
+        &migdra::kubelet::client::registration_authority(&daemon.registration),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!inflight.is_finished(), "the prepare should still be in flight");
 
@@ -828,4 +833,148 @@ async fn a_registration_socket_that_cannot_be_made_stops_the_daemon() {
     if let Some(lock) = lock {
         assert_eq!(std::fs::metadata(lock).unwrap().permissions().mode() & 0o777, 0o600);
     }
+}
+
+/// One gRPC call written by hand, frame by frame, the way a foreign client puts it on the wire, so
+/// that neither tonic's client nor migdra's own re-framing shapes the request.
+mod wire {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::path::Path;
+    use std::time::Duration;
+
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    /// What came back on stream 1.
+    #[derive(Debug, Default)]
+    pub struct Answer {
+        pub headers: Vec<(String, String)>,
+        pub data: Vec<u8>,
+        /// RST_STREAM's error code, or GOAWAY's.
+        pub reset: Option<u32>,
+    }
+
+    impl Answer {
+        pub fn header(&self, name: &str) -> Option<&str> {
+            self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        }
+    }
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// POST `message` (a protobuf) to `path` with `authority`; read until the call ends, or, with
+    /// `streaming`, until its first message arrives.
+    pub fn call(socket: &Path, authority: &[u8], path: &str, message: &[u8], streaming: bool) -> Answer {
+        let mut s = UnixStream::connect(socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let block = loona_hpack::Encoder::new().encode([
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", path.as_bytes()),
+            (b":authority", authority),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ]);
+        let mut body = vec![0];
+        body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+        body.extend_from_slice(message);
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(0x4, 0, 0, &[]));
+        out.extend(frame(0x1, 0x4, 1, &block));
+        out.extend(frame(0x0, 0x1, 1, &body));
+        s.write_all(&out).unwrap();
+
+        let mut answer = Answer::default();
+        let mut decoder = loona_hpack::Decoder::new();
+        loop {
+            let mut head = [0u8; 9];
+            if s.read_exact(&mut head).is_err() {
+                return answer;
+            }
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let (kind, flags) = (head[3], head[4]);
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+            let mut payload = vec![0; len];
+            s.read_exact(&mut payload).unwrap();
+            match (kind, stream) {
+                (0x4, 0) if flags & 0x1 == 0 => s.write_all(&frame(0x4, 0x1, 0, &[])).unwrap(),
+                (0x1, 1) => {
+                    for (n, v) in decoder.decode(&payload).expect("the server's headers decode") {
+                        answer.headers.push((String::from_utf8(n).unwrap(), String::from_utf8_lossy(&v).into()));
+                    }
+                    if flags & 0x1 != 0 {
+                        return answer;
+                    }
+                }
+                (0x0, 1) => {
+                    answer.data.extend_from_slice(&payload);
+                    if streaming || flags & 0x1 != 0 {
+                        return answer;
+                    }
+                }
+                (0x3, 1) | (0x7, 0) => {
+                    let at = if kind == 0x7 { 4 } else { 0 };
+                    answer.reset = Some(u32::from_be_bytes(payload[at..at + 4].try_into().unwrap()));
+                    return answer;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The kubelet's plugin manager dials the registration socket by its path and grpc-go sends that
+/// path percent-encoded as `:authority`; gRPC C-core clients send it raw. h2 refuses both, and the
+/// real kubelet never registered migdra. Every socket must answer every form, on the wire as a
+/// foreign client writes it, and the daemon says at debug level what it replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_socket_answers_the_authority_grpc_clients_send_over_unix_sockets() {
+    let node = Node::new();
+    let daemon = node.serve(&["--log-level", "debug"], &[]).await;
+    let _kubelet = daemon.register().await;
+    let calls: [(&Path, &str, bool); 4] = [
+        (&daemon.registration, "/pluginregistration.Registration/GetInfo", false),
+        (&daemon.dra, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources", false),
+        (&daemon.dra, "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources", false),
+        (&daemon.dra, "/v1alpha1.DRAResourceHealth/NodeWatchResources", true),
+    ];
+    for (socket, path, streaming) in calls {
+        let socket_path = socket.to_string_lossy().into_owned();
+        let encoded = migdra::kubelet::authority::grpc_go_authority(&socket_path);
+        for authority in [encoded.as_str(), socket_path.as_str(), "localhost", ""] {
+            let answer = wire::call(socket, authority.as_bytes(), path, &[], streaming);
+            assert_eq!(answer.reset, None, "{path} with :authority {authority:?} was reset: {answer:?}");
+            assert_eq!(answer.header(":status"), Some("200"), "{path} with {authority:?}: {answer:?}");
+            if streaming {
+                assert!(!answer.data.is_empty(), "{path} with {authority:?}: no message: {answer:?}");
+            } else {
+                assert_eq!(answer.header("grpc-status"), Some("0"), "{path} with {authority:?}: {answer:?}");
+            }
+            println!("{path} with :authority {authority:?}: answered");
+        }
+    }
+    let log = daemon.log();
+    assert!(
+        log.contains("serving it as localhost") && log.contains("%2F"),
+        "the replaced authority is not logged at debug level:\n{log}"
+    );
+    // A header block that cannot be decoded is refused, logged, and the daemon goes on serving.
+    let mut s = std::os::unix::net::UnixStream::connect(&daemon.registration).unwrap();
+    std::io::Write::write_all(&mut s, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\x02\x01\x04\0\0\0\x01\xff\xff").unwrap();
+    let mut rest = Vec::new();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = std::io::Read::read_to_end(&mut s, &mut rest);
+    assert!(
+        within(Duration::from_secs(5), || daemon.log().contains("refusing an HTTP/2 connection")).await.is_some(),
+        "a refused connection is not logged:\n{}",
+        daemon.log()
+    );
+    let again = wire::call(&daemon.registration, b"localhost", "/pluginregistration.Registration/GetInfo", &[], false);
+    assert_eq!(again.header("grpc-status"), Some("0"), "{again:?}");
 }

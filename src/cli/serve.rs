@@ -33,6 +33,10 @@ pub struct Args {
     /// (claim_uid, namespace, name, device)
     #[arg(long, env = "MIGDRA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Least severe log level written: error, warn, info, debug or trace. debug adds, among
+    /// others, each connection whose HTTP/2 requests were refused or had their :authority replaced
+    #[arg(long, env = "MIGDRA_LOG_LEVEL", default_value = "info", value_parser = parse_level)]
+    pub log_level: tracing::Level,
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9400 (port 0 picks one and
     /// logs it). Off by default. Only loopback addresses are accepted unless --metrics-allow-remote
     #[arg(long, env = "MIGDRA_METRICS_ADDR", value_name = "ADDR", value_parser = parse_metrics_addr)]
@@ -51,6 +55,10 @@ fn parse_metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }
     s.parse().map_err(|_| format!("{s:?} is not IP:PORT; use e.g. 127.0.0.1:9400"))
+}
+
+fn parse_level(s: &str) -> Result<tracing::Level, String> {
+    s.trim().parse().map_err(|_| format!("{s:?} is not a log level; expected error, warn, info, debug or trace"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -73,9 +81,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, level: tracing::Level) {
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
         .with_writer(std::io::stderr)
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal());
@@ -86,7 +95,7 @@ fn init_logging(format: LogFormat) {
 }
 
 pub fn run(args: &Args, global: &Global) -> CliResult {
-    init_logging(args.log_format);
+    init_logging(args.log_format, args.log_level);
     if let Some(addr) = args.metrics_addr
         && !args.metrics_allow_remote
         && !crate::metrics::is_local(&addr)

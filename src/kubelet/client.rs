@@ -1,7 +1,13 @@
 //! A kubelet, as far as a DRA plugin can tell: it registers the plugin over the registration
 //! socket, then calls the DRA and health services over the endpoint the plugin gave. The demo and
 //! the integration tests drive migdra with it, over the real sockets and the real protocol.
+//!
+//! It dials as the kubelet of 1.34–1.36 does, down to the HTTP/2 `:authority`: its plugin manager
+//! dials the registration socket by path through grpc-go's passthrough resolver, which sends the
+//! percent-encoded path; its DRA manager dials `unix:<endpoint>`, which sends `localhost`. A
+//! stand-in that connected any other way once hid that the real kubelet could not register us.
 
+use super::authority::{Reframed, grpc_go_authority};
 use super::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
 use super::proto::health_v1alpha1::{NodeWatchResourcesRequest, NodeWatchResourcesResponse};
 use super::proto::registration::registration_client::RegistrationClient;
@@ -13,18 +19,31 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
-/// Open a gRPC channel over the Unix socket at `path`.
+/// The `:authority` the kubelet's plugin manager sends on the registration socket at `path`.
+pub fn registration_authority(path: &Path) -> String {
+    grpc_go_authority(&path.to_string_lossy())
+}
+
+/// The `:authority` the kubelet's DRA manager sends on a plugin's endpoint.
+pub const DRA_AUTHORITY: &str = "localhost";
+
+/// Open a gRPC channel over the Unix socket at `path` whose requests carry `authority`.
 ///
 /// # Errors
 /// The socket does not answer.
-pub async fn connect(path: &Path) -> Result<Channel, tonic::transport::Error> {
+pub async fn connect(path: &Path, authority: &str) -> Result<Channel, tonic::transport::Error> {
     let path = path.to_path_buf();
-    // The URI is required by tonic but unused: every connection goes to the socket.
+    let authority = authority.to_string();
+    // tonic needs a URI, and http would refuse a socket path in it; the connection below puts
+    // the authority a real client sends into every request instead.
     Endpoint::from_static("http://kubelet.invalid")
         .connect_timeout(Duration::from_secs(10))
         .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+            let (path, authority) = (path.clone(), authority.clone());
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(Reframed::sending_authority(stream, &authority)))
+            }
         }))
         .await
 }
@@ -62,7 +81,9 @@ impl TestKubelet {
     /// # Errors
     /// Any step fails; the message says which.
     pub async fn register(registration_socket: &Path) -> Result<Self, String> {
-        let channel = connect(registration_socket).await.map_err(|e| format!("connect registration socket: {e}"))?;
+        let channel = connect(registration_socket, &registration_authority(registration_socket))
+            .await
+            .map_err(|e| format!("connect registration socket: {e}"))?;
         let mut reg = RegistrationClient::new(channel);
         let info = reg.get_info(InfoRequest {}).await.map_err(|e| format!("GetInfo: {e}"))?.into_inner();
         if info.r#type != "DRAPlugin" || !info.supported_versions.iter().any(|v| v == super::DRA_V1) {
@@ -72,8 +93,9 @@ impl TestKubelet {
                 .await;
             return Err(error);
         }
-        let dra =
-            connect(&PathBuf::from(&info.endpoint)).await.map_err(|e| format!("connect {}: {e}", info.endpoint))?;
+        let dra = connect(&PathBuf::from(&info.endpoint), DRA_AUTHORITY)
+            .await
+            .map_err(|e| format!("connect {}: {e}", info.endpoint))?;
         reg.notify_registration_status(RegistrationStatus { plugin_registered: true, error: String::new() })
             .await
             .map_err(|e| format!("NotifyRegistrationStatus: {e}"))?;
@@ -85,7 +107,7 @@ impl TestKubelet {
     /// # Errors
     /// The socket does not answer.
     pub async fn unregistered(dra_socket: &Path) -> Result<Self, String> {
-        let dra = connect(dra_socket).await.map_err(|e| e.to_string())?;
+        let dra = connect(dra_socket, DRA_AUTHORITY).await.map_err(|e| e.to_string())?;
         Ok(Self { info: PluginInfo::default(), dra })
     }
 

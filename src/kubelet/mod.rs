@@ -6,6 +6,7 @@
 //! socket goes first (the kubelet stops sending), then in-flight calls finish within the grace
 //! period, then the DRA socket is removed.
 
+pub mod authority;
 pub mod client;
 mod dra;
 mod driver;
@@ -25,6 +26,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
@@ -135,7 +137,7 @@ pub async fn serve(
         .add_service(proto::dra_v1::dra_plugin_server::DraPluginServer::new(dra::DraService(driver.clone())))
         .add_service(proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(dra::DraService(driver.clone())))
         .add_optional_service(health)
-        .serve_with_incoming(UnixListenerStream::new(listener));
+        .serve_with_incoming(incoming(listener));
     let dra_task = tokio::spawn(dra_server);
     tracing::info!(socket = %dra_path.display(), "serving DRA v1, v1beta1{}", if config.health { " and health" } else { "" });
 
@@ -179,6 +181,14 @@ pub async fn serve(
     }
 }
 
+/// Connections on a socket, each with its requests re-framed so that any `:authority` a gRPC
+/// client sends over a Unix socket is accepted (see [`authority`]).
+fn incoming(
+    listener: tokio::net::UnixListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<authority::Reframed<tokio::net::UnixStream>>> {
+    UnixListenerStream::new(listener).map(|conn| conn.map(authority::Reframed::serving))
+}
+
 /// Serve the registration socket; re-create it whenever it is deleted, until stopped.
 async fn registration_loop(
     config: PluginConfig,
@@ -216,7 +226,7 @@ async fn registration_loop(
         };
         Server::builder()
             .add_service(proto::registration::registration_server::RegistrationServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), until)
+            .serve_with_incoming_shutdown(incoming(listener), until)
             .await
             .map_err(|source| KubeletError::Serve { path: path.display().to_string(), source })?;
         if *stop.borrow_and_update() || !*vanished_rx.borrow() {
