@@ -978,3 +978,58 @@ async fn every_socket_answers_the_authority_grpc_clients_send_over_unix_sockets(
     let again = wire::call(&daemon.registration, b"localhost", "/pluginregistration.Registration/GetInfo", &[], false);
     assert_eq!(again.header("grpc-status"), Some("0"), "{again:?}");
 }
+
+/// A repeated prepare of a completed claim hands the kubelet CDI IDs again; if the spec behind
+/// them was deleted (by hand, a tmpfs wipe, an external cleanup) or changed, the container could
+/// not start. The repeat writes it again; `cleanup` reports and repairs it; a restart repairs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_changed_spec_is_written_again() {
+    let node = Node::new();
+    let m = node.minors();
+    let a = uid(1);
+    let device = format!("gpu-{}-mig-3g40gb-9-4", m[0]);
+    node.write_claim(&a, &device);
+    let spec_path = node.dir().join("cdi").join(format!("{DRIVER}-claim_{a}.json"));
+    let mut daemon = node.serve(&[], &[]).await;
+    let kubelet = daemon.register().await;
+    let first = kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap();
+    let written = std::fs::read(&spec_path).unwrap();
+    let instances = node.instances();
+
+    std::fs::remove_file(&spec_path).unwrap();
+    assert_eq!(kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap(), first);
+    assert_eq!(std::fs::read(&spec_path).unwrap(), written, "a deleted spec is written again, the same");
+    std::fs::write(&spec_path, b"{\"cdiVersion\":\"0.6.0\",\"kind\":\"x/y\",\"devices\":[]}").unwrap();
+    assert_eq!(kubelet.prepare(Version::V1beta1, &[claim(&a)]).await.unwrap(), first);
+    assert_eq!(std::fs::read(&spec_path).unwrap(), written, "a changed spec is written again");
+    assert_eq!(node.instances(), instances, "repairing a spec touches no instance");
+    let spec: Value = serde_json::from_slice(&written).unwrap();
+    let cdi_id = &ok_devices(&first, &a)[0].cdi_ids[0];
+    let (kind, name) = cdi_id.split_once('=').unwrap();
+    assert_eq!(spec["kind"], kind);
+    assert!(spec["devices"].as_array().unwrap().iter().any(|d| d["name"] == name), "{cdi_id} resolves");
+    assert!(daemon.log().contains("CDI spec was missing on disk"), "{}", daemon.log());
+    println!("prepare again after the spec was deleted / changed: rewritten, {cdi_id} resolves");
+
+    std::fs::remove_file(&spec_path).unwrap();
+    let dry: Value = serde_json::from_str(&node.cli(&["cleanup", "--dry-run", "-o", "json"])).unwrap();
+    assert_eq!(dry["brokenCdiSpecs"][0]["uid"], a.as_str(), "{dry}");
+    assert_eq!(dry["brokenCdiSpecs"][0]["problem"], "missing", "{dry}");
+    assert_eq!(dry["brokenCdiSpecs"][0]["action"], "would write it again", "{dry}");
+    assert!(!spec_path.exists(), "a dry run changed nothing");
+    let table = node.cli(&["cleanup", "--dry-run"]);
+    assert!(table.contains("broken CDI spec") && table.contains("is missing"), "{table}");
+    let done: Value = serde_json::from_str(&node.cli(&["cleanup", "-o", "json"])).unwrap();
+    assert_eq!(done["brokenCdiSpecs"][0]["action"], "written again", "{done}");
+    assert_eq!(std::fs::read(&spec_path).unwrap(), written);
+    assert_eq!(node.cli(&["cleanup", "--dry-run"]).trim(), "nothing to clean up");
+
+    std::fs::remove_file(&spec_path).unwrap();
+    drop(kubelet);
+    daemon.child.kill().unwrap();
+    let _ = daemon.child.wait();
+    let daemon = node.serve(&[], &[]).await;
+    assert_eq!(std::fs::read(&spec_path).unwrap(), written, "startup recovery writes the spec again");
+    assert_eq!(node.instances(), instances);
+    assert!(daemon.log().contains("CDI spec was missing on disk"), "{}", daemon.log());
+}

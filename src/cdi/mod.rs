@@ -15,7 +15,7 @@ mod spec;
 mod writer;
 
 pub use spec::{CDI_VERSION, ContainerEdits, Spec, SpecDevice, SpecDeviceNode};
-pub use writer::{CdiWriter, Unreadable};
+pub use writer::{CdiWriter, SpecState, Unreadable};
 
 use std::path::PathBuf;
 

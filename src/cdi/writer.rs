@@ -84,6 +84,39 @@ impl CdiWriter {
     /// a duplicate name (checked before anything touches the disk); [`CdiError::Io`], after which no
     /// temp file is left behind and an earlier spec of the claim is unchanged.
     pub fn write(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<Vec<String>> {
+        let (path, bytes, ids) = self.render(claim_uid, devices)?;
+        self.create_dir()?;
+        write_atomic(&self.dir, &path, &bytes)?;
+        Ok(ids)
+    }
+
+    /// Make the claim's spec on disk hold exactly `devices`: a spec deleted or changed since it was
+    /// written (by hand, a tmpfs wiped, an external cleanup) is written again, an intact one is left
+    /// alone. Returns the CDI IDs and what the file was before.
+    ///
+    /// # Errors
+    /// As [`CdiWriter::write`]; a file that cannot be read counts as altered and is replaced.
+    pub fn ensure(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<(Vec<String>, SpecState)> {
+        let (path, bytes, ids) = self.render(claim_uid, devices)?;
+        let state = on_disk(&path, &bytes)?;
+        if state != SpecState::Intact {
+            self.create_dir()?;
+            write_atomic(&self.dir, &path, &bytes)?;
+        }
+        Ok((ids, state))
+    }
+
+    /// What the claim's spec on disk is, compared with one holding exactly `devices`. Reads only.
+    ///
+    /// # Errors
+    /// As [`CdiWriter::write`], before any I/O.
+    pub fn check(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<SpecState> {
+        let (path, bytes, _) = self.render(claim_uid, devices)?;
+        on_disk(&path, &bytes)
+    }
+
+    /// The spec's path, its exact bytes and its devices' IDs; validated, nothing written.
+    fn render(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<(PathBuf, Vec<u8>, Vec<String>)> {
         let path = self.spec_path(claim_uid)?;
         if devices.is_empty() {
             return Err(CdiError::NoDevices { uid: claim_uid.to_string() });
@@ -105,9 +138,7 @@ impl CdiWriter {
         };
         let mut bytes = serde_json::to_vec_pretty(&spec).expect("a spec always serializes");
         bytes.push(b'\n');
-        self.create_dir()?;
-        write_atomic(&self.dir, &path, &bytes)?;
-        Ok(spec.qualified_ids())
+        Ok((path, bytes, spec.qualified_ids()))
     }
 
     /// Remove the claim's spec. A missing file is success, so unprepare can repeat.
@@ -198,6 +229,36 @@ impl CdiWriter {
     }
 }
 
+/// A claim's spec file compared with what migdra would write for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecState {
+    Intact,
+    Missing,
+    Altered,
+}
+
+impl SpecState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Intact => "intact",
+            Self::Missing => "missing",
+            Self::Altered => "altered",
+        }
+    }
+}
+
+fn on_disk(path: &Path, want: &[u8]) -> Result<SpecState> {
+    match fs::read(path) {
+        Ok(have) if have == want => Ok(SpecState::Intact),
+        Ok(_) => Ok(SpecState::Altered),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(SpecState::Missing),
+        // Unreadable (e.g. a directory put in its place): rewriting is the repair, and the rename
+        // reports what really stands in the way.
+        Err(_) => Ok(SpecState::Altered),
+    }
+}
+
 /// Write `bytes` to `path` through a temp file in `dir`; the temp file is removed on any failure.
 fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
     let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("spec");
@@ -256,6 +317,30 @@ mod tests {
             fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn ensure_rewrites_a_deleted_or_changed_spec_and_leaves_an_intact_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let w = CdiWriter::new(tmp.path(), DRIVER);
+        let path = w.spec_path(UID).unwrap();
+        assert_eq!(w.check(UID, &devices(UID)).unwrap(), SpecState::Missing);
+        let ids = w.write(UID, &devices(UID)).unwrap();
+        let written = fs::read(&path).unwrap();
+        let mtime = fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(w.ensure(UID, &devices(UID)).unwrap(), (ids.clone(), SpecState::Intact));
+        assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), mtime, "an intact spec is not rewritten");
+
+        fs::remove_file(&path).unwrap();
+        assert_eq!(w.check(UID, &devices(UID)).unwrap(), SpecState::Missing);
+        assert_eq!(w.ensure(UID, &devices(UID)).unwrap(), (ids.clone(), SpecState::Missing));
+        assert_eq!(fs::read(&path).unwrap(), written);
+
+        fs::write(&path, b"{}").unwrap();
+        assert_eq!(w.check(UID, &devices(UID)).unwrap(), SpecState::Altered);
+        assert_eq!(w.ensure(UID, &devices(UID)).unwrap(), (ids, SpecState::Altered));
+        assert_eq!(fs::read(&path).unwrap(), written);
+        assert_eq!(names_in(tmp.path()), [path.file_name().unwrap().to_string_lossy()]);
     }
 
     #[test]

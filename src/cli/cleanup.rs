@@ -1,5 +1,5 @@
 //! `migdra cleanup`: MIG instances no claim explains (dynamic GPUs only), CDI specs without a claim,
-//! and prepared claims whose instance is gone. `--dry-run` prints what it would do and changes
+//! prepared claims whose spec is missing or changed, and prepared claims whose instance is gone. `--dry-run` prints what it would do and changes
 //! nothing; without it the same list is done, each change re-checked under the daemon's own lock,
 //! so it is safe next to a running `migdra serve`. Exit 1 when any change failed.
 
@@ -52,6 +52,14 @@ fn table(r: &CleanupReport, out: &mut dyn Write) -> std::io::Result<()> {
             s.path.clone(),
             format!("claim {} is not in the checkpoint", s.claim_uid),
             action(&s.outcome),
+        ]);
+    }
+    for b in &r.broken_cdi_specs {
+        rows.push(vec![
+            "broken CDI spec".into(),
+            b.path.clone(),
+            format!("the spec of prepared claim {}/{} ({}) is {}", b.namespace, b.name, b.uid, b.problem),
+            action(&b.outcome),
         ]);
     }
     for c in &r.lost_claims {

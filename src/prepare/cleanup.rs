@@ -4,6 +4,8 @@
 //! - **Orphans**: MIG instances on dynamic GPUs that no claim in the checkpoint explains; destroyed
 //!   (CI, then GI). Instances on static GPUs are an administrator's and never appear here.
 //! - **Stale CDI specs**: specs of this driver whose claim the checkpoint does not hold; removed.
+//! - **Broken CDI specs**: prepared claims whose spec was deleted or changed on disk, so their
+//!   containers could not start (`unresolvable CDI devices`); written again.
 //! - **Lost claims**: prepared claims whose instance (or GPU) is gone; their instance IDs are
 //!   forgotten and they are marked for re-creation, as after a reboot, so the kubelet's next
 //!   prepare makes them again and an unprepare succeeds.
@@ -13,6 +15,7 @@
 //! right now is never touched. A dry run takes no lock and changes nothing.
 
 use super::{Engine, destroy_gi, holds};
+use crate::cdi;
 use crate::cdi::CdiError;
 use crate::gpu::GpuError;
 use crate::gpu::{GpuInstance, NvmlCode};
@@ -46,6 +49,7 @@ pub struct CleanupReport {
     pub dry_run: bool,
     pub orphans: Vec<OrphanInstance>,
     pub stale_cdi_specs: Vec<StaleSpec>,
+    pub broken_cdi_specs: Vec<BrokenSpec>,
     pub lost_claims: Vec<LostClaim>,
 }
 
@@ -56,13 +60,17 @@ impl CleanupReport {
             .iter()
             .map(|o| &o.outcome)
             .chain(self.stale_cdi_specs.iter().map(|s| &s.outcome))
+            .chain(self.broken_cdi_specs.iter().map(|s| &s.outcome))
             .chain(self.lost_claims.iter().map(|c| &c.outcome))
             .any(|o| o.error.is_some())
     }
 
     /// Whether there is nothing to clean up.
     pub fn is_empty(&self) -> bool {
-        self.orphans.is_empty() && self.stale_cdi_specs.is_empty() && self.lost_claims.is_empty()
+        self.orphans.is_empty()
+            && self.stale_cdi_specs.is_empty()
+            && self.broken_cdi_specs.is_empty()
+            && self.lost_claims.is_empty()
     }
 }
 
@@ -113,6 +121,20 @@ pub struct StaleSpec {
     pub outcome: Outcome,
 }
 
+/// A prepared claim whose CDI spec is not what migdra wrote.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokenSpec {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub path: String,
+    /// `missing` or `altered`.
+    pub problem: &'static str,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
 /// A prepared claim whose hardware is gone.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -151,6 +173,8 @@ impl Engine {
         report.orphans = self.clean_orphans(&cp, &instances, dry_run)?;
         report.stale_cdi_specs = self.clean_specs(&cp, dry_run)?;
         report.lost_claims = self.clean_lost(&cp, &instances, dry_run);
+        let lost: Vec<&str> = report.lost_claims.iter().map(|l| l.uid.as_str()).collect();
+        report.broken_cdi_specs = self.clean_broken(&cp, &lost, dry_run);
         Ok(report)
     }
 
@@ -249,6 +273,62 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// Prepared claims whose spec is missing or changed; a lost claim is left to its re-creation.
+    fn clean_broken(&self, cp: &Checkpoint, lost: &[&str], dry_run: bool) -> Vec<BrokenSpec> {
+        let mut out = Vec::new();
+        for c in cp.claims.values() {
+            if c.state != ClaimState::PrepareCompleted || c.needs_recreate || lost.contains(&c.uid.as_str()) {
+                continue;
+            }
+            let who = format!("{}/{} ({})", c.namespace, c.name, c.uid);
+            let problem = match self.spec_devices(&who, &c.uid, &c.devices).and_then(|d| {
+                self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: who, source })
+            }) {
+                Ok(cdi::SpecState::Intact) => continue,
+                Ok(state) => state.as_str(),
+                Err(e) => {
+                    out.push(self.broken(c, "unknown", Outcome::failed(e)));
+                    continue;
+                }
+            };
+            out.push(self.broken(c, problem, Outcome::planned(true, "would write it again", "")));
+        }
+        if dry_run || out.is_empty() {
+            return out;
+        }
+        // Under the checkpoint lock, and only while the claim is still the one we looked at: an
+        // unprepare marks its claim there before it removes the spec.
+        let done = self.store.update(&self.boot_id, |now| {
+            for b in out.iter_mut().filter(|b| b.outcome.error.is_none()) {
+                b.outcome = match now.claims.get(&b.uid) {
+                    Some(c) if Some(c) == cp.claims.get(&b.uid) => match self.repair_spec(c) {
+                        Ok(_) => Outcome::planned(false, "", "written again"),
+                        Err(e) => Outcome::failed(e),
+                    },
+                    _ => Outcome::skipped("the daemon changed the claim meanwhile"),
+                };
+            }
+            Ok::<_, std::convert::Infallible>(())
+        });
+        if let Err(e) = done {
+            for b in &mut out {
+                b.outcome = Outcome::failed(format!("checkpoint: {e}"));
+            }
+        }
+        out
+    }
+
+    fn broken(&self, c: &ClaimRecord, problem: &'static str, outcome: Outcome) -> BrokenSpec {
+        BrokenSpec {
+            uid: c.uid.clone(),
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            path: self.cdi.spec_path(&c.uid).map(|p| p.display().to_string()).unwrap_or_default(),
+            problem,
+            outcome,
+        }
     }
 
     fn clean_lost(

@@ -15,7 +15,7 @@ mod plan;
 mod recovery;
 mod status;
 
-pub use cleanup::{CleanupError, CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
+pub use cleanup::{BrokenSpec, CleanupError, CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
 pub use status::{DeviceStatusData, Placement, status_data};
 
@@ -344,6 +344,9 @@ impl Engine {
         if let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(&claim.uid) {
             same_allocation(&who, rec, &names)?;
             if rec.state == ClaimState::PrepareCompleted && !rec.needs_recreate {
+                // The kubelet asks again when a container (re)starts: the runtime will resolve the
+                // IDs we return, so the spec behind them must still be there.
+                self.repair_spec(rec)?;
                 return Ok(self.prepared(rec));
             }
         }
@@ -434,28 +437,13 @@ impl Engine {
         record: &ClaimRecord,
         held: &mut [Held],
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
-        let mut cdi_devices = Vec::with_capacity(planned.len());
+        let mut devices = record.devices.clone();
         for (i, p) in planned.iter().enumerate() {
-            let name = cdi::device_name(&claim.uid, &p.device);
-            let minor = p.gpu.info.minor;
-            let dev = match &record.devices[i].mig {
-                None => cdi::gpu_device(name, minor, &p.gpu.info.uuid),
-                Some(m) => {
-                    let m = self.ensure_mig(claim, who, i, p, m, &mut held[i])?;
-                    let caps_major =
-                        self.nvml(who, &p.device, "read the nvidia-caps major", || self.backend.caps_major())?;
-                    cdi::mig_device(
-                        name,
-                        minor,
-                        m.uuid.as_deref().unwrap_or_default(),
-                        m.gi_cap_minor.unwrap_or_default(),
-                        m.ci_cap_minor.unwrap_or_default(),
-                        caps_major,
-                    )
-                }
-            };
-            cdi_devices.push(dev);
+            if let Some(m) = &record.devices[i].mig {
+                devices[i].mig = Some(self.ensure_mig(claim, who, i, p, m, &mut held[i])?);
+            }
         }
+        let cdi_devices = self.spec_devices(who, &claim.uid, &devices)?;
         let ids = self
             .cdi
             .write(&claim.uid, &cdi_devices)
@@ -472,6 +460,58 @@ impl Engine {
             .unwrap_or_else(|| record.clone());
         self.step(Step::PrepareCompleted);
         Ok(self.prepared(&done))
+    }
+
+    /// The CDI devices of a claim's spec, from what its record says was made. Reads NVML only for
+    /// the nvidia-caps major.
+    fn spec_devices(
+        &self,
+        who: &str,
+        uid: &str,
+        devices: &[DeviceRecord],
+    ) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
+        let mut caps_major = None;
+        let mut out = Vec::with_capacity(devices.len());
+        for d in devices {
+            let name = cdi::device_name(uid, &d.device);
+            out.push(match &d.mig {
+                None => cdi::gpu_device(name, d.gpu_minor, &d.gpu_uuid),
+                Some(m) => {
+                    let major = match caps_major {
+                        Some(major) => major,
+                        None => *caps_major.insert(
+                            self.nvml(who, &d.device, "read the nvidia-caps major", || self.backend.caps_major())?,
+                        ),
+                    };
+                    cdi::mig_device(
+                        name,
+                        d.gpu_minor,
+                        m.uuid.as_deref().unwrap_or_default(),
+                        m.gi_cap_minor.unwrap_or_default(),
+                        m.ci_cap_minor.unwrap_or_default(),
+                        major,
+                    )
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Make a prepared claim's spec on disk what its record says, rewriting a deleted or changed
+    /// one; returns what the file was before.
+    ///
+    /// # Errors
+    /// The spec cannot be written.
+    pub(crate) fn repair_spec(&self, rec: &ClaimRecord) -> Result<cdi::SpecState, PrepareError> {
+        let who =
+            describe(&ClaimRef { namespace: rec.namespace.clone(), name: rec.name.clone(), uid: rec.uid.clone() });
+        let devices = self.spec_devices(&who, &rec.uid, &rec.devices)?;
+        let (_, state) =
+            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
+        if state != cdi::SpecState::Intact {
+            tracing::warn!(claim = %who, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
+        }
+        Ok(state)
     }
 
     /// Make one MIG device exist and return its record with IDs, UUID and capability minors.

@@ -5,7 +5,8 @@
 //! - A new boot ID means every instance is gone: claims are kept, marked for re-creation, and the
 //!   kubelet's next prepare re-creates them at the same placements.
 //! - Claims caught mid-unprepare are finished.
-//! - CDI specs of claims the checkpoint does not know are removed.
+//! - CDI specs of claims the checkpoint does not know are removed; prepared claims whose spec is
+//!   missing or changed get it written again.
 //! - MIG instances on dynamic GPUs that no claim explains are destroyed, kept or reported
 //!   (`--orphans`); instances on static GPUs are never touched.
 
@@ -66,6 +67,9 @@ pub struct RecoveryReport {
     pub finished_unprepares: Vec<String>,
     pub failed_unprepares: Vec<(String, String)>,
     pub stale_cdi_specs_removed: Vec<String>,
+    /// Prepared claims whose CDI spec was missing or changed on disk, written again: (UID, what).
+    pub repaired_cdi_specs: Vec<(String, &'static str)>,
+    pub failed_spec_repairs: Vec<(String, String)>,
     pub orphans: Vec<Orphan>,
 }
 
@@ -117,6 +121,14 @@ impl Engine {
                 if self.cdi.remove(&uid).is_ok() {
                     report.stale_cdi_specs_removed.push(uid);
                 }
+            }
+        }
+        let cp = self.store.read().map_err(ckpt)?;
+        for c in cp.claims.values().filter(|c| c.state == ClaimState::PrepareCompleted && !c.needs_recreate) {
+            match self.repair_spec(c) {
+                Ok(cdi::SpecState::Intact) => {}
+                Ok(state) => report.repaired_cdi_specs.push((c.uid.clone(), state.as_str())),
+                Err(e) => report.failed_spec_repairs.push((c.uid.clone(), e.to_string())),
             }
         }
         report.orphans = self.sweep_orphans()?;
