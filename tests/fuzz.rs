@@ -1,6 +1,6 @@
 //! Hostile-input fuzz targets, as proptest properties so they run on stable Rust in CI: device
 //! names, checkpoint files, gres.conf and slurm.conf, the Slurm index map and host lists, CDI
-//! spec writing, and the gRPC messages the kubelet sends. Each must never panic, and what it
+//! spec writing, the gRPC messages the kubelet sends, and the HTTP/2 re-framing of every socket. Each must never panic, and what it
 //! accepts must be sound (names round-trip, CDI files stay in their directory).
 //!
 //! `MIGDRA_FUZZ_CASES` sets the cases per round (default 256), `MIGDRA_FUZZ_SECONDS` runs rounds
@@ -320,6 +320,52 @@ fn fuzz_grpc_decoding() {
             let again = dra_v1::NodePrepareResourcesRequest::decode(r.encode_to_vec().as_slice());
             prop_assert_eq!(again.ok(), Some(r));
         }
+        Ok(())
+    });
+}
+
+// === HTTP/2 request re-framing (every byte a client sends on a socket goes through it) ===
+
+/// A client's byte stream: random bytes, or a valid preface + HEADERS + DATA with a few bytes
+/// changed, cut into random pieces as a socket may deliver it.
+fn h2_stream() -> impl Strategy<Value = (Vec<u8>, Vec<usize>)> {
+    let block = loona_hpack::Encoder::new().encode([
+        (&b":method"[..], &b"POST"[..]),
+        (b":path", b"/pluginregistration.Registration/GetInfo"),
+        (b":authority", b"%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fx-reg.sock"),
+    ]);
+    let mut valid = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let len = block.len();
+    valid.extend([(len >> 16) as u8, (len >> 8) as u8, len as u8, 0x1, 0x4, 0, 0, 0, 1]);
+    valid.extend(block);
+    valid.extend([0, 0, 5, 0x0, 0x1, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
+    let mutated = proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6).prop_map(move |edits| {
+        let mut b = valid.clone();
+        for (at, byte) in edits {
+            let at = 24 + at % (b.len() - 24);
+            b[at] = byte;
+        }
+        b
+    });
+    let bytes = prop_oneof![proptest::collection::vec(any::<u8>(), 0..512), mutated];
+    (bytes, proptest::collection::vec(1usize..64, 0..8))
+}
+
+#[test]
+fn fuzz_h2_reframing() {
+    use migdra::kubelet::authority::Rewriter;
+    fuzz("HTTP/2 request re-framing (:authority)", h2_stream(), |(bytes, cuts)| {
+        let mut out = Vec::new();
+        let mut r = Rewriter::server();
+        let mut rest = bytes.as_slice();
+        for cut in cuts {
+            let (piece, tail) = rest.split_at(cut.min(rest.len()));
+            rest = tail;
+            if r.feed(piece, &mut out).is_err() {
+                return Ok(());
+            }
+        }
+        let _ = r.feed(rest, &mut out);
         Ok(())
     });
 }
