@@ -6,3 +6,4 @@
 
 pub mod apiserver;
 pub mod controlplane;
+pub mod kubelet_code;

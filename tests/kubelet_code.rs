@@ -1,0 +1,880 @@
+//! migdra against the kubelet's own code, not our stand-in: `migdra-kubelet` (hack/kubelet,
+//! built by `hack/build-kubelet.sh`) runs the kubelet's plugin manager and DRA manager of
+//! Kubernetes 1.36.3 (and 1.34.4), and the CDI library a container runtime uses, against a real
+//! control plane (tests/support/controlplane.rs) and a real `migdra serve` on simulated GPUs.
+//!
+//! What is real: registration through the plugin manager's socket watcher and its gRPC client;
+//! PrepareResources / GetResources / UnprepareResources / UpdateAllocatedResourcesStatus of the
+//! DRA manager with its checkpoint; the health stream; the CDI cache resolving and injecting into
+//! an OCI spec. What is not: no container runtime (the spec is checked, nothing runs), no pod
+//! workers (the test says when to prepare), the reconcile loop for vanished pods is off, and
+//! `/dev` in the harness is a stub (its own mount namespace) with the NVIDIA nodes a GPU node has.
+//!
+//! Run alone: `cargo test --test kubelet_code -- --show-output`.
+
+#![allow(clippy::print_stdout)] // each scenario prints what it checked
+
+mod support;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use migdra::gpu::sim::SimBackend;
+use migdra::gpu::{SIM_CAPS_MAJOR, capability_minors};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+use support::controlplane::ControlPlane;
+use support::kubelet_code::{Build, Dirs, KUBELET_134, KUBELET_136, KubeletCode, ms_between, unix_ms};
+
+const DRIVER: &str = "mig.slinky.slurm.net";
+const NODE: &str = "node-a";
+const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
+const NS: &str = "team-a";
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One control plane at a time: two on two cores would only slow each other down.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A `migdra` command with none of the caller's migdra settings.
+fn migdra() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MIGDRA_") || k == "KUBECONFIG" || k == "NODE_NAME" || k == "POD_UID" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A running `migdra serve`; SIGKILLed when dropped.
+struct Serve {
+    child: Child,
+    log: PathBuf,
+    started: SystemTime,
+    /// The DRA socket it serves, as it registers it.
+    endpoint: PathBuf,
+    registration: PathBuf,
+}
+
+impl Serve {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, as the kubelet stops a pod; waits for the exit.
+    async fn terminate(&mut self) {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "migdra serve after SIGTERM: {status}\n{}", tail(&self.log(), 30));
+                return;
+            }
+            assert!(Instant::now() < deadline, "migdra serve still running 40 s after SIGTERM");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The control plane, one simulated node's directories and the things running on it.
+struct Env {
+    client: kube::Client,
+    cp: ControlPlane,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    /// GPU minors of the node (the harness stubs their /dev nodes).
+    minors: Vec<u32>,
+    serves: u32,
+    kubelets: u32,
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+impl Env {
+    async fn start(build: Build) -> Self {
+        let bin = support::kubelet_code::binary(build);
+        let cp = ControlPlane::start().await;
+        println!("control plane: {} (started in {:.1?})", cp.versions, cp.startup);
+        println!("kubelet code: {} ({})", bin.display(), build.module);
+        let client = cp.client().await;
+        create_node(&client).await;
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+        for file in ["daemonset/base/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
+            apply(&client, &repo().join(file)).await;
+        }
+        let dir = tempfile::Builder::new().prefix("migdra-kc-").tempdir().unwrap();
+        let out =
+            migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(dir.path().join("gpus.json")).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut env = Self { client, cp, dir, bin, minors: Vec::new(), serves: 0, kubelets: 0 };
+        env.minors =
+            env.layout()["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap() as u32).collect();
+        env
+    }
+
+    fn d(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn sim_state(&self) -> PathBuf {
+        self.d().join("gpus.json")
+    }
+
+    fn plugin_dir(&self) -> PathBuf {
+        self.d().join("plugins").join(DRIVER)
+    }
+
+    fn registry_dir(&self) -> PathBuf {
+        self.d().join("plugins_registry")
+    }
+
+    fn cdi_dir(&self) -> PathBuf {
+        self.d().join("cdi")
+    }
+
+    /// `migdra serve` as the DaemonSet runs it, `POD_UID` set when given.
+    async fn serve(&mut self, pod_uid: Option<&str>) -> Serve {
+        self.serves += 1;
+        let log = self.d().join(format!("serve-{}.log", self.serves));
+        let mut cmd = migdra();
+        cmd.arg("serve")
+            .arg("--sim-state")
+            .arg(self.sim_state())
+            .arg("--kubeconfig")
+            .arg(self.cp.kubeconfig())
+            .arg("--plugin-dir")
+            .arg(self.plugin_dir())
+            .arg("--registry-dir")
+            .arg(self.registry_dir())
+            .arg("--cdi-dir")
+            .arg(self.cdi_dir())
+            .arg("--state-dir")
+            .arg(self.d().join("migdra-state"))
+            .args(["--node-name", NODE, "--health-interval", "100ms", "--socket-check", "100ms", "--grace", "10s"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let (endpoint, registration) = match pod_uid {
+            Some(uid) => {
+                cmd.env("POD_UID", uid);
+                (
+                    self.plugin_dir().join(format!("dra-{uid}.sock")),
+                    self.registry_dir().join(format!("{DRIVER}-{uid}-reg.sock")),
+                )
+            }
+            None => (self.plugin_dir().join("dra.sock"), self.registry_dir().join(format!("{DRIVER}-reg.sock"))),
+        };
+        let started = SystemTime::now();
+        let child = cmd.spawn().unwrap();
+        let mut serve = Serve { child, log, started, endpoint, registration };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&serve.registration).is_err() {
+            assert!(serve.child.try_wait().unwrap().is_none(), "migdra serve exited:\n{}", serve.log());
+            assert!(Instant::now() < deadline, "no registration socket after 20 s:\n{}", serve.log());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        serve
+    }
+
+    /// The kubelet code with its checkpoint in `state` (a name under the node's directory).
+    fn kubelet(&mut self, state: &str) -> KubeletCode {
+        self.kubelets += 1;
+        let dirs = Dirs { registry: self.registry_dir(), state: self.d().join(state), cdi: self.cdi_dir() };
+        let log = self.d().join(format!("kubelet-{}.log", self.kubelets));
+        KubeletCode::spawn(&self.bin, self.cp.kubeconfig(), NODE, &dirs, &self.minors, log)
+    }
+
+    fn layout(&self) -> Value {
+        let out = migdra().args(["layout", "-o", "json", "--sim-state"]).arg(self.sim_state()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// (device name, MIG UUID) of every MIG instance on the node.
+    fn instances(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for g in self.layout()["gpus"].as_array().unwrap() {
+            for i in g["instances"].as_array().unwrap() {
+                let uuid = i["compute_instances"][0]["uuid"].as_str().unwrap_or_default().to_string();
+                out.push((i["device"].as_str().unwrap().to_string(), uuid));
+            }
+        }
+        out
+    }
+
+    fn cdi_specs(&self) -> Vec<String> {
+        std::fs::read_dir(self.cdi_dir())
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn diagnostics(&self) -> String {
+        let mut out = String::new();
+        for i in 1..=self.serves {
+            let log = std::fs::read_to_string(self.d().join(format!("serve-{i}.log"))).unwrap_or_default();
+            out.push_str(&format!("--- migdra serve #{i}:\n{}\n", tail(&log, 25)));
+        }
+        for i in 1..=self.kubelets {
+            let log = std::fs::read_to_string(self.d().join(format!("kubelet-{i}.log"))).unwrap_or_default();
+            out.push_str(&format!("--- migdra-kubelet #{i}:\n{}\n", tail(&log, 25)));
+        }
+        out
+    }
+
+    /// Our complete pool (every slice of the newest generation); how long it took to be there.
+    async fn pool(&self, timeout: Duration) -> (Vec<ResourceSlice>, Duration) {
+        let t = Instant::now();
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
+        loop {
+            let all: Vec<ResourceSlice> =
+                api.list(&params).await.unwrap().items.into_iter().filter(|s| s.spec.driver == DRIVER).collect();
+            let generation = all.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+            let current: Vec<ResourceSlice> =
+                all.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
+            if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
+                return (current, t.elapsed());
+            }
+            assert!(t.elapsed() < timeout, "no complete pool within {timeout:?}\n{}", self.diagnostics());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A pod using one claim: from a template (the scheduler places it), or a claim by name on a
+    /// pod already bound to the node (as slurm-bridge binds its pods).
+    async fn create_pod(&self, name: &str, template: Option<&str>, claim: Option<&str>) -> Pod {
+        let source = match (template, claim) {
+            (Some(t), None) => json!({"name": "gpu", "resourceClaimTemplateName": t}),
+            (None, Some(c)) => json!({"name": "gpu", "resourceClaimName": c}),
+            _ => unreachable!("a template or a claim"),
+        };
+        let mut spec = json!({
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": false,
+            "resourceClaims": [source],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}]
+        });
+        if claim.is_some() {
+            spec["nodeName"] = json!(NODE);
+        }
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": NS}, "spec": spec})).unwrap();
+        self.pods().create(&PostParams::default(), &pod).await.unwrap()
+    }
+
+    /// Wait until the scheduler binds the pod.
+    async fn bound(&self, name: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let pod = self.pods().get(name).await.unwrap();
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "pod {name} not bound: {:?}\n{}", pod.status, self.diagnostics());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A claim allocated by writing its status, as slurm-bridge does: `device` of this node,
+    /// reserved for `pod`.
+    async fn bridge_claim(&self, name: &str, pod: &str, device: &str) -> ResourceClaim {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}}
+        }))
+        .unwrap();
+        self.claims().create(&PostParams::default(), &claim).await.unwrap();
+        let pod = self.create_pod(pod, None, Some(name)).await;
+        let status = json!({"status": {
+            "allocation": {
+                "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+            },
+            "reservedFor": [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}]
+        }});
+        self.claims().patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap()
+    }
+
+    /// The claim a pod's `gpu` entry resolves to.
+    async fn pod_claim(&self, pod: &str) -> ResourceClaim {
+        let p = self.pods().get(pod).await.unwrap();
+        let spec_claim = &p.spec.as_ref().unwrap().resource_claims.as_ref().unwrap()[0];
+        let name = spec_claim.resource_claim_name.clone().or_else(|| {
+            p.status
+                .as_ref()?
+                .resource_claim_statuses
+                .as_ref()?
+                .iter()
+                .find(|s| s.name == "gpu")?
+                .resource_claim_name
+                .clone()
+        });
+        self.claims().get(&name.unwrap_or_else(|| panic!("pod {pod} has no claim yet"))).await.unwrap()
+    }
+
+    /// Our Ready `status.devices` entry of a claim (waits for migdra's status write).
+    async fn device_status(&self, claim: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let c = self.claims().get(claim).await.unwrap();
+            let devices = c.status.as_ref().and_then(|s| s.devices.clone()).unwrap_or_default();
+            if let Some(d) = devices.into_iter().find(|d| d.driver == DRIVER) {
+                let v = serde_json::to_value(&d).unwrap();
+                if v["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                {
+                    return v;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no Ready status on claim {claim}: {:?}\n{}",
+                c.status,
+                self.diagnostics()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A prepare through the kubelet code that must succeed, checked down to the OCI spec: the
+    /// CDI IDs resolve, and the container gets only its MIG device's nodes and its MIG UUID.
+    /// Returns (device, MIG UUID).
+    async fn prepared(&self, kubelet: &mut KubeletCode, pod: &str) -> (String, String) {
+        let answer = kubelet.prepare(NS, pod).await;
+        assert_eq!(answer["ok"], true, "prepare {pod}: {answer}\n{}", self.diagnostics());
+        let claim = self.pod_claim(pod).await;
+        let claim_name = claim.metadata.name.clone().unwrap();
+        let uid = claim.metadata.uid.clone().unwrap();
+        let device = allocated(&claim).unwrap_or_else(|| panic!("claim {claim_name} is not allocated"));
+        let status = self.device_status(&claim_name).await;
+        let data = &status["data"];
+        let mig_uuid = data["migUUID"].as_str().unwrap_or_else(|| panic!("no migUUID in {status}")).to_string();
+        let parent = data["parentMinor"].as_u64().unwrap() as u32;
+        let (gi, ci) =
+            (data["gpuInstanceId"].as_u64().unwrap() as u32, data["computeInstanceId"].as_u64().unwrap() as u32);
+
+        let containers = answer["containers"].as_array().unwrap();
+        assert_eq!(containers.len(), 1, "{answer}");
+        let c = &containers[0];
+        assert!(c.get("error").is_none() && c.get("unresolved").is_none(), "container side of {pod}: {c}");
+        assert!(c.get("cdi_errors").is_none(), "the CDI library found bad specs: {}", c["cdi_errors"]);
+        let ids: Vec<&str> = c["cdi_ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        // After a kubelet restart the DRA manager's checkpoint already lists the device, and its
+        // repeated NodePrepareResources appends it again (ClaimInfo.addDevice): the kubelet then
+        // passes the same CDI ID twice. That is the kubelet's own behaviour; the runtime's
+        // injection must, and does, come out the same.
+        let unique: BTreeSet<&str> = ids.iter().copied().collect();
+        assert_eq!(
+            unique.into_iter().collect::<Vec<_>>(),
+            [format!("{DRIVER}/claim={uid}-{device}")],
+            "GetResources of {pod}"
+        );
+        if ids.len() > 1 {
+            println!("  {pod}: the kubelet passes its CDI ID {} times (its checkpoint held it already)", ids.len());
+        }
+
+        let nodes: Vec<(String, String, u64, u64)> = c["device_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n["path"].as_str().unwrap().into(),
+                    n["type"].as_str().unwrap().into(),
+                    n["major"].as_u64().unwrap(),
+                    n["minor"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let (gi_cap, ci_cap) = capability_minors(parent, gi, ci);
+        let want: BTreeSet<String> = [
+            "/dev/nvidiactl".to_string(),
+            "/dev/nvidia-uvm".into(),
+            "/dev/nvidia-uvm-tools".into(),
+            format!("/dev/nvidia{parent}"),
+            format!("/dev/nvidia-caps/nvidia-cap{gi_cap}"),
+            format!("/dev/nvidia-caps/nvidia-cap{ci_cap}"),
+        ]
+        .into();
+        let got: BTreeSet<String> = nodes.iter().map(|n| n.0.clone()).collect();
+        assert_eq!(got, want, "device nodes of {pod} ({device})");
+        for (path, kind, major, minor) in &nodes {
+            assert_eq!(kind, "c", "{path}");
+            if path.starts_with("/dev/nvidia-caps/") {
+                assert_eq!(
+                    (*major, *minor as u32 == gi_cap || *minor as u32 == ci_cap),
+                    (u64::from(SIM_CAPS_MAJOR), true),
+                    "{path}"
+                );
+            } else if *path == format!("/dev/nvidia{parent}") {
+                assert_eq!((*major, *minor), (195, u64::from(parent)), "{path}");
+            }
+        }
+        for other in self.minors.iter().filter(|m| **m != parent) {
+            assert!(!got.contains(&format!("/dev/nvidia{other}")), "{pod} sees GPU minor {other}");
+            let rules = c["cgroup_allow"].as_array().unwrap();
+            assert!(
+                !rules.iter().any(|r| r.as_str().unwrap().starts_with(&format!("c 195:{other} "))),
+                "{pod}: {rules:?}"
+            );
+        }
+        let env: Vec<&str> = c["env"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}").as_str()), "{env:?}");
+        assert!(env.contains(&format!("CUDA_VISIBLE_DEVICES={mig_uuid}").as_str()), "{env:?}");
+        let instances: Vec<_> = self.instances().into_iter().filter(|(d, _)| *d == device).collect();
+        assert_eq!(instances, [(device.clone(), mig_uuid.clone())], "one instance of {device}, with the status' UUID");
+        println!(
+            "  {pod}: claim {claim_name} → {device}, {} in {} ms; CDI {}; spec: {} nodes (parent /dev/nvidia{parent} 195:{parent}, caps {gi_cap},{ci_cap} on major {SIM_CAPS_MAJOR}), NVIDIA_VISIBLE_DEVICES={mig_uuid}",
+            mig_uuid,
+            answer["prepare_ms"],
+            ids[0],
+            nodes.len()
+        );
+        (device, mig_uuid)
+    }
+}
+
+/// Our device in a claim's allocation.
+fn allocated(c: &ResourceClaim) -> Option<String> {
+    let results = c.status.as_ref()?.allocation.as_ref()?.devices.as_ref()?.results.as_ref()?;
+    results.iter().find(|r| r.driver == DRIVER && r.pool == NODE).map(|r| r.device.clone())
+}
+
+async fn create_node(client: &kube::Client) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux"}}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
+    let status = json!({"status": {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "migdra-kubelet"}]
+    }});
+    nodes.patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}}))).await.unwrap();
+}
+
+/// `kubectl apply -n team-a -f FILE` for the DeviceClasses and claim templates of daemonset/.
+async fn apply(client: &kube::Client, path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let pp = PostParams::default();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let doc = Value::deserialize(doc).unwrap();
+        match doc["kind"].as_str() {
+            Some("DeviceClass") => {
+                let dc: DeviceClass = serde_json::from_value(doc).unwrap();
+                Api::<DeviceClass>::all(client.clone()).create(&pp, &dc).await.unwrap();
+            }
+            Some("ResourceClaimTemplate") => {
+                let t: ResourceClaimTemplate = serde_json::from_value(doc).unwrap();
+                Api::<ResourceClaimTemplate>::namespaced(client.clone(), NS).create(&pp, &t).await.unwrap();
+            }
+            None if doc.is_null() => {}
+            other => panic!("{}: unexpected kind {other:?}", path.display()),
+        }
+    }
+}
+
+/// Scenario 1: the kubelet's plugin manager registers migdra; time from migdra's start.
+async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Serve, after: usize, what: &str) -> Value {
+    let endpoint = serve.endpoint.file_name().unwrap().to_string_lossy().into_owned();
+    let a = kubelet.wait_registered(DRIVER, REGISTER_TIMEOUT, after, &format!("/{endpoint}")).await;
+    if a["ok"] != true {
+        let log = std::fs::read_to_string(&kubelet.log).unwrap_or_default();
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains("RegisterPlugin error")).collect();
+        let tried: Vec<String> =
+            errors[errors.len().saturating_sub(3)..].iter().map(|l| l.chars().take(600).collect()).collect();
+        panic!(
+            "{what}: the kubelet's plugin manager did not register {DRIVER} within {REGISTER_TIMEOUT:?}: {}\nits registration errors:\n{}\n{}",
+            a["error"],
+            tried.join("\n"),
+            env.diagnostics()
+        );
+    }
+    let at = unix_ms(&a["unix_ms"]);
+    let events = a["events"].as_array().unwrap();
+    let register = &events[a["index"].as_u64().unwrap() as usize];
+    assert_eq!(register["endpoint"], serve.endpoint.display().to_string(), "{register}");
+    let versions: Vec<&str> = register["versions"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(versions.contains(&"v1.DRAPlugin"), "{versions:?}");
+    assert!(
+        events[after..]
+            .iter()
+            .any(|e| e["kind"] == "validate" && e["error"].is_null() && e["endpoint"] == register["endpoint"]),
+        "ValidatePlugin came first: {events:?}"
+    );
+    println!(
+        "  {what}: registered by the plugin manager {} ms after migdra started ({} ms after the kubelet code started); endpoint {}, services {versions:?}",
+        ms_between(serve.started, at),
+        ms_between(kubelet.spawned, at),
+        serve.endpoint.display()
+    );
+    a
+}
+
+/// Wait for an event of this kind (and endpoint) from index `after` on.
+async fn event(kubelet: &mut KubeletCode, kind: &str, endpoint: Option<&Path>, after: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = kubelet.events().await;
+        let hit = events[after.min(events.len())..]
+            .iter()
+            .find(|e| e["kind"] == kind && endpoint.is_none_or(|p| e["endpoint"] == p.display().to_string()));
+        if let Some(e) = hit {
+            return e.clone();
+        }
+        assert!(Instant::now() < deadline, "no {kind} event for {endpoint:?} within 30 s: {events:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The health the kubelet reports for the pod's claim: (health, message) of each resource.
+async fn allocated_health(kubelet: &mut KubeletCode, pod: &str) -> Vec<(String, String, String)> {
+    let a = kubelet.allocated_status(NS, pod).await;
+    assert_eq!(a["ok"], true, "{a}");
+    let mut out = Vec::new();
+    for cs in a["container_statuses"].as_array().unwrap() {
+        for rs in cs["allocatedResourcesStatus"].as_array().into_iter().flatten() {
+            for r in rs["resources"].as_array().into_iter().flatten() {
+                out.push((
+                    r["resourceID"].as_str().unwrap_or_default().to_string(),
+                    r["health"].as_str().unwrap_or_default().to_string(),
+                    r["message"].as_str().unwrap_or_default().to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Poll the pod's allocatedResourcesStatus until its one resource has `health`.
+async fn health_becomes(
+    kubelet: &mut KubeletCode,
+    pod: &str,
+    health: &str,
+    since: Instant,
+) -> (String, String, String) {
+    loop {
+        let h = allocated_health(kubelet, pod).await;
+        if h.len() == 1 && h[0].1 == health {
+            return h[0].clone();
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "{pod}: allocatedResourcesStatus not {health} after 30 s: {h:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A 3g.40gb partition on the H100 other than `avoid_minor`'s: where the bridge-style claim goes.
+fn other_h100(env: &Env, avoid: &str) -> u32 {
+    let layout = env.layout();
+    let h100s: Vec<u32> = layout["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["mig_enabled"] == true)
+        .map(|g| g["minor"].as_u64().unwrap() as u32)
+        .collect();
+    *h100s.iter().find(|m| !avoid.starts_with(&format!("gpu-{m}-"))).unwrap()
+}
+
+/// Scenarios 1–5 on the kubelet code of 1.36: registration, prepare (scheduler and bridge),
+/// re-prepare, kubelet restart, migdra restart and a rolling upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_136_registers_prepares_and_survives_restarts() {
+    let _serial = SERIAL.lock().await;
+    let mut env = Env::start(KUBELET_136).await;
+
+    println!("1. registration through the real plugin manager");
+    let mut kubelet = env.kubelet("kubelet-state-1");
+    // As on a node: the kubelet runs first and deletes the node's slices at start; then migdra's
+    // DaemonSet pod starts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut serve = env.serve(None).await;
+    register(&env, &mut kubelet, &serve, 0, "migdra serve").await;
+    let (slices, took) = env.pool(Duration::from_secs(60)).await;
+    println!("  pool complete: {} slices, {took:.1?} after registration", slices.len());
+
+    println!("2. prepare: a pod placed by kube-scheduler, and a claim allocated by writing its status");
+    env.create_pod("p-tmpl", Some("mig-1g-10gb"), None).await;
+    env.bound("p-tmpl").await;
+    let (tmpl_device, tmpl_uuid) = env.prepared(&mut kubelet, "p-tmpl").await;
+    let bridge_device = format!("gpu-{}-mig-3g40gb-9-4", other_h100(&env, &tmpl_device));
+    env.bridge_claim("bridge-3g", "p-bridge", &bridge_device).await;
+    let (device, bridge_uuid) = env.prepared(&mut kubelet, "p-bridge").await;
+    assert_eq!(device, bridge_device);
+    assert_ne!(bridge_uuid, tmpl_uuid);
+
+    println!("3. re-prepare: the same kubelet, then a kubelet with a new state directory");
+    let count = env.instances().len();
+    assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
+    kubelet.kill();
+    let mut kubelet = env.kubelet("kubelet-state-2");
+    register(&env, &mut kubelet, &serve, 0, "a kubelet with a new state directory").await;
+    assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
+    assert_eq!(env.prepared(&mut kubelet, "p-bridge").await, (bridge_device.clone(), bridge_uuid.clone()));
+    assert_eq!(env.instances().len(), count, "re-prepare made no instance: {:?}", env.instances());
+    println!("  idempotent: {count} instances before and after, same MIG UUIDs");
+
+    println!("4. kubelet restart: SIGKILL, a new one on the same directories");
+    kubelet.kill();
+    let mut kubelet = env.kubelet("kubelet-state-2");
+    register(&env, &mut kubelet, &serve, 0, "the restarted kubelet").await;
+    // Claims loaded from the kubelet's checkpoint count as not prepared: it calls migdra again.
+    assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
+    let (_, took) = env.pool(Duration::from_secs(60)).await;
+    println!("  pool complete again {took:.1?} after the restarted kubelet wiped the node's slices");
+    env.create_pod("p-2g", Some("mig-2g-20gb"), None).await;
+    env.bound("p-2g").await;
+    env.prepared(&mut kubelet, "p-2g").await;
+    assert_eq!(env.instances().len(), count + 1);
+
+    println!("5a. migdra restart: SIGTERM, start again");
+    let before = kubelet.events().await.len();
+    serve.terminate().await;
+    let dereg = event(&mut kubelet, "deregister", Some(&serve.endpoint), before).await;
+    println!("  deregistered at {} ms (kubelet clock) once the registration socket went", dereg["ms"]);
+    let after = kubelet.events().await.len();
+    let mut serve = env.serve(None).await;
+    register(&env, &mut kubelet, &serve, after, "restarted migdra").await;
+    let a = kubelet.unprepare(NS, "p-2g").await;
+    assert_eq!(a["ok"], true, "{a}\n{}", env.diagnostics());
+    env.prepared(&mut kubelet, "p-2g").await;
+    assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
+
+    println!("5b. rolling upgrade: a second migdra (another POD_UID) before the first stops");
+    let events_before = kubelet.events().await.len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = {
+        let stop = stop.clone();
+        // The kubelet keeps working through the upgrade: unprepare and prepare one pod in a loop.
+        tokio::spawn(async move {
+            let mut results = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                for cmd in ["unprepare", "prepare"] {
+                    let a = kubelet
+                        .call(json!({"cmd": cmd, "namespace": NS, "pod": "p-2g"}), Duration::from_secs(60))
+                        .await;
+                    results.push((SystemTime::now(), cmd, a));
+                }
+            }
+            (kubelet, results)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let new = env.serve(Some("7b0c1e52-0000-4000-8000-00000000000b")).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    serve.terminate().await;
+    let old_gone = SystemTime::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut kubelet, results) = cycles.await.unwrap();
+    let failed: Vec<_> = results.iter().filter(|(_, _, a)| a["ok"] != true).collect();
+    assert!(failed.is_empty(), "calls failed during the rolling upgrade: {failed:?}\n{}", env.diagnostics());
+    let registered = event(&mut kubelet, "register", Some(&new.endpoint), events_before).await;
+    let dereg = event(&mut kubelet, "deregister", Some(&serve.endpoint), events_before).await;
+    let new_at = unix_ms(&registered["unix_ms"]);
+    let through_new = results.iter().filter(|(t, _, _)| *t > new_at).count();
+    let after_old = results.iter().filter(|(t, _, _)| *t > old_gone).count();
+    assert!(
+        through_new > 0 && after_old > 0,
+        "calls after the new plugin registered: {through_new}, after the old one stopped: {after_old}"
+    );
+    println!(
+        "  {} calls (unprepare+prepare of p-2g), none failed: {through_new} after the new plugin registered ({} ms after it started), {after_old} after the old one stopped; old endpoint deregistered at {} ms",
+        results.len(),
+        ms_between(new.started, new_at),
+        dereg["ms"]
+    );
+    env.prepared(&mut kubelet, "p-2g").await;
+    println!("  the new plugin serves p-2g: {:?}", new.endpoint);
+    drop(serve);
+    drop(new);
+}
+
+/// Scenarios 6–8 on the kubelet code of 1.36: health, an overlapping claim, a node reboot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_136_health_overlap_and_reboot() {
+    let _serial = SERIAL.lock().await;
+    let mut env = Env::start(KUBELET_136).await;
+    let mut kubelet = env.kubelet("kubelet-state");
+    let mut serve = env.serve(None).await;
+    register(&env, &mut kubelet, &serve, 0, "migdra serve").await;
+    env.pool(Duration::from_secs(60)).await;
+    env.create_pod("p-health", Some("mig-1g-10gb"), None).await;
+    env.bound("p-health").await;
+    let (device, _) = env.prepared(&mut kubelet, "p-health").await;
+    let claim = env.pod_claim("p-health").await;
+    let data = env.device_status(claim.metadata.name.as_deref().unwrap()).await["data"].clone();
+    let parent = data["parentUUID"].as_str().unwrap().to_string();
+    let gi = data["gpuInstanceId"].as_u64().unwrap() as u32;
+    let sim = SimBackend::open(&env.sim_state(), None).unwrap();
+
+    println!("6. health: XIDs reach the pod's allocatedResourcesStatus through the kubelet");
+    let t = Instant::now();
+    let healthy = health_becomes(&mut kubelet, "p-health", "Healthy", t).await;
+    println!("  before: {healthy:?} ({:.1?} after prepare)", t.elapsed());
+    sim.xid(&parent, None, 13).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let h = allocated_health(&mut kubelet, "p-health").await;
+    assert_eq!(h[0].1, "Healthy", "XID 13 is the application's fault: {h:?}");
+    println!("  XID 13 (application) on the parent: still Healthy after 1 s");
+    let before = kubelet.events().await.len();
+    let t = Instant::now();
+    sim.xid(&parent, None, 48).unwrap();
+    let sick = health_becomes(&mut kubelet, "p-health", "Unhealthy", t).await;
+    assert!(sick.2.contains("XID 48") && sick.2.contains(&parent), "{sick:?}");
+    let update = event(&mut kubelet, "health-update", None, before).await;
+    let pod_uid = env.pods().get("p-health").await.unwrap().metadata.uid.unwrap();
+    assert!(update["pods"].as_array().unwrap().contains(&json!(pod_uid)), "{update}");
+    println!(
+        "  XID 48 on the parent GPU: Unhealthy in {:.1?}, message {:?}; the DRA manager asked for a status sync of the pod",
+        t.elapsed(),
+        sick.2
+    );
+    // The simulator keeps a GPU's health until it is repaired (`migdra sim health`); on NVML,
+    // migdra keeps an XID in memory, so there it clears when migdra restarts.
+    let t = Instant::now();
+    sim.set_gpu_health(&parent, true).unwrap();
+    let back = health_becomes(&mut kubelet, "p-health", "Healthy", t).await;
+    println!("  GPU repaired (simulator): Healthy again in {:.1?}: {back:?}", t.elapsed());
+    let t = Instant::now();
+    sim.xid(&parent, Some(gi), 94).unwrap();
+    let sick = health_becomes(&mut kubelet, "p-health", "Unhealthy", t).await;
+    assert!(sick.2.contains("XID 94"), "{sick:?}");
+    println!("  XID 94 on its GPU instance {gi}: Unhealthy in {:.1?} ({:?})", t.elapsed(), sick.2);
+    let a = kubelet.unprepare(NS, "p-health").await;
+    assert_eq!(a["ok"], true, "{a}");
+    let (again, _) = env.prepared(&mut kubelet, "p-health").await;
+    assert_eq!(again, device);
+    let t = Instant::now();
+    let back = health_becomes(&mut kubelet, "p-health", "Healthy", t).await;
+    println!("  unprepare + prepare (a new GPU instance): Healthy in {:.1?}: {back:?}", t.elapsed());
+
+    println!("7. a claim that overlaps a prepared partition");
+    let minor: u32 = device.trim_start_matches("gpu-").split('-').next().unwrap().parse().unwrap();
+    let start: u32 = device.rsplit('-').next().unwrap().parse().unwrap();
+    // A 3g.40gb (placements 0 and 4, four memory slices each) over the prepared 1g's slice.
+    let overlap = format!("gpu-{minor}-mig-3g40gb-9-{}", if start >= 4 { 4 } else { 0 });
+    let instances = env.instances();
+    let specs = env.cdi_specs();
+    let claim = env.bridge_claim("overlap", "p-overlap", &overlap).await;
+    let uid = claim.metadata.uid.clone().unwrap();
+    let a = kubelet.prepare(NS, "p-overlap").await;
+    assert_eq!(a["ok"], false, "a claim over a prepared partition was prepared: {a}");
+    let error = a["error"].as_str().unwrap();
+    assert!(error.contains("ResourceClaim overlap"), "the kubelet's error names the claim: {error}");
+    assert!(error.contains(&overlap) || error.contains(&device), "migdra's error names the partitions: {error}");
+    assert_eq!(env.instances(), instances, "nothing created");
+    assert_eq!(env.cdi_specs(), specs, "no CDI spec");
+    assert!(!env.cdi_specs().iter().any(|s| s.contains(&uid)));
+    let checkpoint = std::fs::read_to_string(env.d().join("migdra-state/checkpoint.json")).unwrap();
+    assert!(!checkpoint.contains(&uid), "migdra's checkpoint keeps the refused claim: {checkpoint}");
+    let status = env.claims().get("overlap").await.unwrap().status.and_then(|s| s.devices).unwrap_or_default();
+    let ready: Vec<Value> = status.iter().map(|d| serde_json::to_value(d).unwrap()["conditions"].clone()).collect();
+    println!("  refused: {error}\n  nothing created, no CDI spec; claim status conditions: {ready:?}");
+    let a = kubelet.unprepare(NS, "p-overlap").await;
+    assert_eq!(a["ok"], true, "unprepare after a failed prepare: {a}");
+    assert_eq!(env.instances(), instances);
+
+    println!("8. a simulated reboot: everything on the node stops, the GPUs lose their instances");
+    serve.terminate().await;
+    kubelet.kill();
+    sim.reboot().unwrap();
+    // /var/run (the CDI specs) is a tmpfs: a reboot empties it; /var/lib/kubelet stays.
+    std::fs::remove_dir_all(env.cdi_dir()).unwrap();
+    assert!(env.instances().is_empty());
+    let mut kubelet = env.kubelet("kubelet-state");
+    let serve = env.serve(None).await;
+    register(&env, &mut kubelet, &serve, 0, "after the reboot").await;
+    let (again, _) = env.prepared(&mut kubelet, "p-health").await;
+    assert_eq!(again, device, "the same partition, a new instance");
+    assert_eq!(env.instances().len(), 1, "{:?}", env.instances());
+    println!("  prepared again after the reboot: {again}, CDI spec rewritten");
+    drop(serve);
+}
+
+/// Scenario 9: the kubelet code of 1.34.4 registers migdra and prepares (against the 1.36
+/// control plane: the 1.34 DRA manager reads resource.k8s.io/v1, which 1.36 serves, and a
+/// kubelet two minors older than its API server is within the supported skew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_134_registers_and_prepares() {
+    let _serial = SERIAL.lock().await;
+    let mut env = Env::start(KUBELET_134).await;
+    println!("9. the kubelet code of v1.34.4");
+    let mut kubelet = env.kubelet("kubelet-state");
+    let events = kubelet.call(json!({"cmd": "events"}), Duration::from_secs(10)).await;
+    println!("  feature gates: {}", events["feature_gates"]);
+    let serve = env.serve(None).await;
+    register(&env, &mut kubelet, &serve, 0, "1.34 kubelet code").await;
+    env.pool(Duration::from_secs(60)).await;
+    env.create_pod("p-134", Some("mig-1g-10gb"), None).await;
+    env.bound("p-134").await;
+    let (device, _) = env.prepared(&mut kubelet, "p-134").await;
+    // The bridge's claim is named like the pod's claim entry ("gpu"): the 1.34 DRA manager
+    // finds a claim's health only then (below).
+    let bridge = format!("gpu-{}-mig-3g40gb-9-4", other_h100(&env, &device));
+    env.bridge_claim("gpu", "p-bridge-134", &bridge).await;
+    env.prepared(&mut kubelet, "p-bridge-134").await;
+    let parent = env.device_status("gpu").await["data"]["parentUUID"].as_str().unwrap().to_string();
+    let sim = SimBackend::open(&env.sim_state(), None).unwrap();
+    let t = Instant::now();
+    health_becomes(&mut kubelet, "p-bridge-134", "Healthy", t).await;
+    sim.xid(&parent, None, 48).unwrap();
+    let sick = health_becomes(&mut kubelet, "p-bridge-134", "Unhealthy", t).await;
+    sim.set_gpu_health(&parent, true).unwrap();
+    health_becomes(&mut kubelet, "p-bridge-134", "Healthy", Instant::now()).await;
+    println!("  health through the 1.34 DRA manager (alpha gate on): XID 48 → {sick:?}, Healthy again once repaired");
+    // 1.34's UpdateAllocatedResourcesStatus matches the container's claim entry against the
+    // ResourceClaim's own name, so a claim made from a template (named <pod>-<entry>-<suffix>)
+    // never gets a status; 1.36 looks the name up in the pod's resourceClaimStatuses.
+    let h = allocated_health(&mut kubelet, "p-134").await;
+    assert!(h.is_empty(), "1.34 reports the template claim's health after all: {h:?}");
+    println!(
+        "  the 1.34 DRA manager reports no allocatedResourcesStatus for the template claim of p-134 (upstream 1.34 behaviour)"
+    );
+    let a = kubelet.unprepare(NS, "p-134").await;
+    assert_eq!(a["ok"], true, "{a}");
+    assert!(!env.instances().iter().any(|(d, _)| *d == device), "unprepare through 1.34 destroyed {device}");
+    println!("  unprepared p-134: {device} destroyed");
+    drop(serve);
+}
