@@ -646,8 +646,10 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
 
     println!("3. re-prepare: the same kubelet, then a kubelet with a new state directory");
     let count = env.instances().len();
+    // The same kubelet finds the claim prepared in its cache and does not call migdra again.
     assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
     kubelet.kill();
+    // A new state directory: the kubelet knows nothing and calls NodePrepareResources again.
     let mut kubelet = env.kubelet("kubelet-state-2");
     register(&env, &mut kubelet, &serve, 0, "a kubelet with a new state directory").await;
     assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
@@ -661,8 +663,12 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
     register(&env, &mut kubelet, &serve, 0, "the restarted kubelet").await;
     // Claims loaded from the kubelet's checkpoint count as not prepared: it calls migdra again.
     assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
+    let wiped = std::fs::read_to_string(&kubelet.log).unwrap().contains("\"Deleted ResourceSlices\"");
+    assert!(wiped, "the kubelet's DRA manager deletes the node's slices at start\n{}", kubelet.log_tail(30));
     let (_, took) = env.pool(Duration::from_secs(60)).await;
-    println!("  pool complete again {took:.1?} after the restarted kubelet wiped the node's slices");
+    println!(
+        "  the restarted kubelet deleted the node's ResourceSlices at start (as kubelets do); migdra's pool was complete again {took:.1?} later"
+    );
     env.create_pod("p-2g", Some("mig-2g-20gb"), None).await;
     env.bound("p-2g").await;
     env.prepared(&mut kubelet, "p-2g").await;
@@ -726,7 +732,7 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
         dereg["ms"]
     );
     env.prepared(&mut kubelet, "p-2g").await;
-    println!("  the new plugin serves p-2g: {:?}", new.endpoint);
+    println!("  with the old plugin gone, p-2g prepared again through {}", new.endpoint.display());
     drop(serve);
     drop(new);
 }
