@@ -731,6 +731,14 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
         ms_between(new.started, new_at),
         dereg["ms"]
     );
+    // Which plugin served the loop's calls, by each one's own log of them.
+    let claim_uid = env.pod_claim("p-2g").await.metadata.uid.unwrap();
+    let served = |log: String| log.lines().filter(|l| l.contains(&claim_uid) && l.ends_with("prepared")).count();
+    let (by_old, by_new) = (served(serve.log()), served(new.log()));
+    assert!(by_new > 0, "the new plugin prepared nothing:\n{}", tail(&new.log(), 20));
+    println!(
+        "  prepares of p-2g logged by the old plugin: {by_old} (before the upgrade too), by the new one: {by_new}"
+    );
     env.prepared(&mut kubelet, "p-2g").await;
     println!("  with the old plugin gone, p-2g prepared again through {}", new.endpoint.display());
     drop(serve);
