@@ -204,12 +204,13 @@ fn escape(v: &str) -> String {
 }
 
 /// The fixed set of error reasons a failed prepare or unprepare is counted under: `bad-device`,
-/// `device-in-use`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`, `checkpoint`,
+/// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`, `checkpoint`,
 /// `timeout` (a GPU lock held too long), `discovery`.
 pub fn reason(e: &PrepareError) -> String {
     match e {
         PrepareError::BadDevice { .. } => "bad-device".into(),
         PrepareError::DeviceInUse { .. } => "device-in-use".into(),
+        PrepareError::Overlaps { .. } => "overlaps".into(),
         PrepareError::AllocationChanged { .. } => "allocation-changed".into(),
         PrepareError::Nvml { source, .. } => match source.code() {
             Some(code) => format!("nvml-{}", code.name()),

@@ -657,12 +657,19 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
     assert_eq!(env.instances().len(), count, "re-prepare made no instance: {:?}", env.instances());
     println!("  idempotent: {count} instances before and after, same MIG UUIDs");
 
-    println!("4. kubelet restart: SIGKILL, a new one on the same directories");
+    println!("4. kubelet restart: SIGKILL, a new one on the same directories (and p-tmpl's CDI spec deleted)");
     kubelet.kill();
+    // A spec deleted behind migdra's back (by hand, a tmpfs wipe, an external cleanup): the
+    // kubelet's repeated prepare must get it back, or the container could not start.
+    let tmpl_uid = env.pod_claim("p-tmpl").await.metadata.uid.unwrap();
+    let spec = env.cdi_dir().join(format!("{DRIVER}-claim_{tmpl_uid}.json"));
+    std::fs::remove_file(&spec).unwrap();
     let mut kubelet = env.kubelet("kubelet-state-2");
     register(&env, &mut kubelet, &serve, 0, "the restarted kubelet").await;
     // Claims loaded from the kubelet's checkpoint count as not prepared: it calls migdra again.
     assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
+    assert!(spec.exists(), "the repeated prepare did not write the deleted spec again");
+    println!("  p-tmpl's deleted CDI spec was written again by the repeated prepare; the CDI library resolves it");
     let wiped = std::fs::read_to_string(&kubelet.log).unwrap().contains("\"Deleted ResourceSlices\"");
     assert!(wiped, "the kubelet's DRA manager deletes the node's slices at start\n{}", kubelet.log_tail(30));
     let (_, took) = env.pool(Duration::from_secs(60)).await;

@@ -242,6 +242,7 @@ fn bad_input_fails_only_that_claim_and_creates_nothing() {
     let m = node.minor(0);
     let good = mig_name(m, model, 9, 0);
     engine.prepare(&claim("good"), &[result(&good)]).unwrap();
+    let overlap = format!("overlaps {good}, prepared for claim ns/claim-good");
 
     let mut other_pool = result(&mig_name(m, model, 19, 4));
     other_pool.pool = "node-b".into();
@@ -255,6 +256,7 @@ fn bad_input_fails_only_that_claim_and_creates_nothing() {
         ("profile", vec![result(&format!("gpu-{m}-mig-3g40gb-5-0"))], "4g.40gb"),
         ("no-gpu", vec![result("gpu-77-mig-3g40gb-9-4")], "minor 77"),
         ("twice", vec![result(&good)], "already prepared for claim ns/claim-good"),
+        ("overlap", vec![result(&mig_name(m, model, 19, 2))], &overlap),
     ];
     let before = node.instances();
     for (uid, results, needle) in cases {

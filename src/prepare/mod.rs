@@ -109,6 +109,10 @@ pub enum PrepareError {
     BadDevice { claim: String, device: String, reason: String },
     #[error("claim {claim}: device {device} is already prepared for claim {other}")]
     DeviceInUse { claim: String, device: String, other: String },
+    #[error(
+        "claim {claim}: device {device} overlaps {held}, prepared for claim {other}; the scheduler allocated both, so the node's slices or the allocation are stale"
+    )]
+    Overlaps { claim: String, device: String, held: String, other: String },
     #[error("claim {claim}: its allocation changed from [{was}] to [{now}] under the same UID; unprepare it first")]
     AllocationChanged { claim: String, was: String, now: String },
     #[error("claim {claim}: device {device}: failed to {step}: {source}")]
@@ -387,6 +391,23 @@ impl Engine {
                     device: d.device.clone(),
                     other: format!("{}/{} ({uid})", other.namespace, other.name),
                 });
+            }
+            // Said here, with both claims named, rather than as NVML's bare INSUFFICIENT_RESOURCES.
+            for p in planned {
+                let Some(m) = &p.mig else { continue };
+                let (start, end) = (m.start, m.start + m.profile.memory_slices);
+                let held = other.devices.iter().find(|d| {
+                    d.gpu_uuid == p.gpu.info.uuid
+                        && d.mig.as_ref().is_some_and(|o| o.start < end && start < o.start + o.size)
+                });
+                if let Some(d) = held {
+                    return Err(PrepareError::Overlaps {
+                        claim: who.to_string(),
+                        device: p.device.clone(),
+                        held: d.device.clone(),
+                        other: format!("{}/{} ({uid})", other.namespace, other.name),
+                    });
+                }
             }
         }
         let earlier = cp.claims.get(&claim.uid);
