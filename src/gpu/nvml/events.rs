@@ -121,7 +121,11 @@ pub fn watch(nvml: Arc<Nvml>, gpus: Vec<(u32, String)>, book: Arc<HealthBook>) -
                     Err(e) => tracing::warn!(gpu = %uuid, error = %e, "no XID events from this GPU"),
                 }
             }
+            // One wait that does not block before saying ready: the caller then knows the set
+            // answers, and what it returned is handled like any other wait's.
+            let first = set.wait(0);
             let _ = ready_tx.send(Ok(()));
+            handle(first, &keys, &book);
             run(&set, &keys, &book, &flag);
         })
         .map_err(|_| ffi::RawError { call: "spawn the NVML event thread", ret: 999 })?;
@@ -138,29 +142,33 @@ fn fmt(e: ffi::RawError) -> String {
 
 fn run(set: &EventSet<'_>, keys: &[(usize, String)], book: &HealthBook, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
-        match set.wait(WAIT_MS) {
-            Ok(None) => {}
-            Ok(Some(ev)) if ev.event_type & ffi::EVENT_XID != 0 => {
-                let Some((_, uuid)) = keys.iter().find(|(k, _)| *k == ev.device) else { continue };
-                let changed = book.record(uuid, ev.gi, ev.data);
-                if xid::is_critical(ev.data) {
-                    tracing::warn!(gpu = %uuid, gi = ?ev.gi, ci = ?ev.ci, xid = ev.data, changed, "XID: device unhealthy");
-                } else {
-                    tracing::info!(gpu = %uuid, gi = ?ev.gi, xid = ev.data, "XID caused by an application; device stays healthy");
-                }
+        handle(set.wait(WAIT_MS), keys, book);
+    }
+}
+
+fn handle(waited: ffi::RawResult<Option<ffi::Event>>, keys: &[(usize, String)], book: &HealthBook) {
+    match waited {
+        Ok(None) => {}
+        Ok(Some(ev)) if ev.event_type & ffi::EVENT_XID != 0 => {
+            let Some((_, uuid)) = keys.iter().find(|(k, _)| *k == ev.device) else { return };
+            let changed = book.record(uuid, ev.gi, ev.data);
+            if xid::is_critical(ev.data) {
+                tracing::warn!(gpu = %uuid, gi = ?ev.gi, ci = ?ev.ci, xid = ev.data, changed, "XID: device unhealthy");
+            } else {
+                tracing::info!(gpu = %uuid, gi = ?ev.gi, xid = ev.data, "XID caused by an application; device stays healthy");
             }
-            Ok(Some(_)) => {}
-            Err(e) if e.ret == GPU_IS_LOST => {
-                for (_, uuid) in keys {
-                    book.lost(uuid, "NVML: GPU is lost");
-                }
-                tracing::error!("NVML event wait: GPU is lost; every GPU is marked unhealthy");
-                std::thread::sleep(Duration::from_secs(1));
+        }
+        Ok(Some(_)) => {}
+        Err(e) if e.ret == GPU_IS_LOST => {
+            for (_, uuid) in keys {
+                book.lost(uuid, "NVML: GPU is lost");
             }
-            Err(e) => {
-                tracing::warn!(error = %fmt(e), "NVML event wait failed");
-                std::thread::sleep(Duration::from_secs(1));
-            }
+            tracing::error!("NVML event wait: GPU is lost; every GPU is marked unhealthy");
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        Err(e) => {
+            tracing::warn!(error = %fmt(e), "NVML event wait failed");
+            std::thread::sleep(Duration::from_secs(1));
         }
     }
 }
