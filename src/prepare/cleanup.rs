@@ -282,7 +282,7 @@ impl Engine {
             if c.state != ClaimState::PrepareCompleted || c.needs_recreate || lost.contains(&c.uid.as_str()) {
                 continue;
             }
-            let who = format!("{}/{} ({})", c.namespace, c.name, c.uid);
+            let who = super::describe_record(c);
             let problem = match self.spec_devices(&who, &c.uid, &c.devices).and_then(|d| {
                 self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: who, source })
             }) {

@@ -138,6 +138,11 @@ fn describe(claim: &ClaimRef) -> String {
     format!("{}/{} ({})", claim.namespace, claim.name, claim.uid)
 }
 
+/// The same, for a claim the checkpoint holds.
+fn describe_record(rec: &ClaimRecord) -> String {
+    format!("{}/{} ({})", rec.namespace, rec.name, rec.uid)
+}
+
 /// How the engine runs.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -524,8 +529,7 @@ impl Engine {
     /// # Errors
     /// The spec cannot be written.
     pub(crate) fn repair_spec(&self, rec: &ClaimRecord) -> Result<cdi::SpecState, PrepareError> {
-        let who =
-            describe(&ClaimRef { namespace: rec.namespace.clone(), name: rec.name.clone(), uid: rec.uid.clone() });
+        let who = describe_record(rec);
         let devices = self.spec_devices(&who, &rec.uid, &rec.devices)?;
         let (_, state) =
             self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
@@ -631,7 +635,7 @@ impl Engine {
             c.devices
                 .iter()
                 .any(|d| d.gpu_uuid == gpu_uuid && d.mig.as_ref().is_some_and(|m| holds(m, gi)))
-                .then(|| format!("{}/{} ({})", c.namespace, c.name, c.uid))
+                .then(|| describe_record(c))
         }))
     }
 
@@ -749,7 +753,7 @@ impl Engine {
         let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(uid).cloned() else {
             return Ok(());
         };
-        let who = format!("{}/{} ({uid})", rec.namespace, rec.name);
+        let who = describe_record(&rec);
         if rec.state != ClaimState::UnprepareStarted {
             self.update_claim(&who, uid, |r| r.state = ClaimState::UnprepareStarted)?;
             self.step(Step::UnprepareStarted);
