@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reliability and security suite (issue 10) in one command: crash points, the storm, outages,
+# The reliability and security suite in one command: crash points, the storm, outages,
 # security checks (tests/reliability/) and the fuzz targets (tests/fuzz.rs), then one markdown
 # table of every figure they print. Fails if any test fails; the tests themselves assert that the
 # leaked, double-allocated and stuck counts are 0, and this script checks those cells again.

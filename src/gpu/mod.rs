@@ -328,7 +328,7 @@ pub trait GpuBackend: Send + Sync {
 pub const SIM_CAPS_MAJOR: u32 = 508;
 
 /// `/dev/nvidia-caps/nvidia-cap<N>` minors of a GI and a CI, from the predetermined table in
-/// `/proc/driver/nvidia-caps/mig-minors` (facts §4; fits every sample listed there).
+/// `/proc/driver/nvidia-caps/mig-minors` (docs/facts/mig-nvml.md §4; fits every sample listed there).
 pub fn capability_minors(gpu_minor: u32, gi_id: u32, ci_id: u32) -> (u32, u32) {
     let gi = 3 + 135 * gpu_minor + 9 * gi_id;
     (gi, gi + 1 + ci_id)

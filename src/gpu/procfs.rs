@@ -1,5 +1,5 @@
 //! What the NVIDIA driver publishes in procfs and NVML does not: the `nvidia-caps` major, the
-//! capability minors of each MIG instance (facts `mig-nvml.md` §4), and the kernel's boot ID.
+//! capability minors of each MIG instance (docs/facts/mig-nvml.md §4), and the kernel's boot ID.
 //!
 //! The root is configurable (`--procfs-root`), so tests point it at a tree the fake
 //! libnvidia-ml writes the way the driver does.

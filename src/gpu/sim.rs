@@ -1,6 +1,6 @@
-//! A faithful MIG simulator behind [`GpuBackend`] (DESIGN.md, "Testing without a GPU").
+//! A faithful MIG simulator behind [`GpuBackend`] (docs/design.md, "Testing without a GPU").
 //!
-//! What makes it faithful (facts `mig-nvml.md` §0, §4, §5):
+//! What makes it faithful (docs/facts/mig-nvml.md §0, §4, §5):
 //! - real profile IDs, placements and engine counts from the catalog, and NVML's admission rules
 //!   from [`rules::admits`], with NVML's error codes (overlap → INSUFFICIENT_RESOURCES, a bad
 //!   placement → INVALID_ARGUMENT, MIG off → NOT_SUPPORTED, busy → IN_USE);
@@ -561,7 +561,7 @@ impl SimState {
 
     fn mig_uuid(&mut self) -> String {
         let (a, b) = (self.next_u64(), self.next_u64());
-        // Version nibble 5, RFC 4122 variant (y in 8..b), like every MIG UUID seen (facts §4).
+        // Version nibble 5, RFC 4122 variant (y in 8..b), like every MIG UUID seen (docs/facts/mig-nvml.md §4).
         format!("MIG-{}", hex_uuid((a & !0xF000) | 0x5000, (b & !(0xC << 60)) | (0x8 << 60)))
     }
 
@@ -671,7 +671,7 @@ fn random_seed() -> u64 {
     RandomState::new().hash_one((std::time::SystemTime::now(), std::process::id()))
 }
 
-/// The GI IDs the driver hands a profile out of (facts §0: observed IDs group by size; the exact
+/// The GI IDs the driver hands a profile out of (docs/facts/mig-nvml.md §0: observed IDs group by size; the exact
 /// algorithm is undocumented, so the pick inside the bucket is pseudo-random).
 fn gi_id_bucket(model: &GpuModel, p: &GiProfile) -> RangeInclusive<u32> {
     if p.compute_slices >= model.compute_slices {

@@ -13,7 +13,7 @@ use kube::{Api, Client};
 use std::time::Duration;
 use tokio::runtime::Handle;
 
-/// The kubelet gives a call 45 s (facts §2); leave room for NVML and the answer.
+/// The kubelet gives a call 45 s (docs/facts/k8s-dra-api.md §2.3); leave room for NVML and the answer.
 pub const LOOKUP_BUDGET: Duration = Duration::from_secs(30);
 
 /// Claims read from the API server.

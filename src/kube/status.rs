@@ -1,5 +1,5 @@
 //! Claim status for slurm-bridge: after a prepare, `status.devices[]` carries one entry per device
-//! of ours with condition Ready and the data of DESIGN.md (MIG UUID, parent, Slurm index,
+//! of ours with condition Ready and the data docs/bridge-contract.md lists (MIG UUID, parent, Slurm index,
 //! shards, placement, GI/CI IDs). A failed prepare writes Ready=False with the reason, so the
 //! bridge can release its Slurm reservation; unprepare removes our entries.
 //!

@@ -6,7 +6,7 @@ use super::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, Re
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-/// The `supported_versions` strings (not the gRPC service names; facts §1.4), v1 first because
+/// The `supported_versions` strings (not the gRPC service names; docs/facts/k8s-dra-api.md §1.4), v1 first because
 /// the kubelet takes the first it knows.
 pub const DRA_V1: &str = "v1.DRAPlugin";
 pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";

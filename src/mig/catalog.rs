@@ -1,6 +1,6 @@
 //! The GPU model catalog: every MIG fact migdra relies on, as data.
 //!
-//! Values come from `shared/facts/mig-nvml.md` (real `nvidia-smi mig -lgip/-lgipp` output where it
+//! Values come from `docs/facts/mig-nvml.md` §1 (real `nvidia-smi mig -lgip/-lgipp` output where it
 //! exists). Rows the facts mark inferred or unverified keep that mark in [`Evidence`], and
 //! `migdra profiles` prints it, so an operator can tell measured facts from educated guesses.
 
@@ -128,7 +128,7 @@ impl GpuModel {
         self.profiles.iter().find(|p| p.name.eq_ignore_ascii_case(name))
     }
 
-    /// Whether MIG mode may be toggled without a reboot: Hopper and newer (facts §5).
+    /// Whether MIG mode may be toggled without a reboot: Hopper and newer (docs/facts/mig-nvml.md §5).
     pub fn supports_mig_mode_toggle(&self) -> bool {
         self.architecture != "Ampere"
     }

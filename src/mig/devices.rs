@@ -1,5 +1,5 @@
 //! The DRA devices one GPU offers, with the attributes, capacities and counter consumption of
-//! DESIGN.md's contracts. Pure data: the publisher turns it into ResourceSlices.
+//! the contracts in docs/design.md. Pure data: the publisher turns it into ResourceSlices.
 
 use super::catalog::{GiProfile, GpuModel};
 use super::counters::{self, Counters};

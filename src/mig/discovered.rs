@@ -1,5 +1,5 @@
 //! A [`GpuModel`] for a MIG-capable GPU the catalog does not know, built from what NVML's own
-//! queries return (facts §0, §2): GetGpuInstanceProfileInfoV for every profile index and
+//! queries return (docs/facts/mig-nvml.md §0, §2): GetGpuInstanceProfileInfoV for every profile index and
 //! GetGpuInstancePossiblePlacements_v2 for every profile ID.
 //!
 //! Nothing here calls NVML: the NVML backend fills an [`NvmlDescription`] and this turns it into
@@ -139,7 +139,7 @@ pub fn architecture(cc_major: u32) -> &'static str {
     }
 }
 
-/// A profile name the way go-nvlib builds it when the driver gives none (facts §0): memory as
+/// A profile name the way go-nvlib builds it when the driver gives none (docs/facts/mig-nvml.md §0): memory as
 /// eighths of the GPU rounded up, times the GPU's GiB rounded up, rounded to whole GB; suffix by
 /// NVML profile index.
 pub fn profile_name(slices: u32, memory_size_mb: u64, total_mib: u64, index: u32) -> String {
@@ -240,7 +240,7 @@ mod tests {
 
     #[test]
     fn go_nvlib_names() {
-        assert_eq!(profile_name(1, 16384, 143771, 0), "1g.18gb"); // facts §0: H200 16.00 GiB
+        assert_eq!(profile_name(1, 16384, 143771, 0), "1g.18gb"); // docs/facts/mig-nvml.md §0: H200 16.00 GiB
         assert_eq!(profile_name(1, 4864, 40960, 7), "1g.5gb+me");
         assert_eq!(profile_name(2, 47616, 97887, 16), "2g.48gb+me.all");
         assert_eq!(profile_name(1, 23680, 97887, 13), "1g.24gb-me");

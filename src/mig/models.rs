@@ -1,4 +1,4 @@
-//! The catalog's data: one function per GPU model, transcribed from `shared/facts/mig-nvml.md`.
+//! The catalog's data: one function per GPU model, transcribed from `docs/facts/mig-nvml.md` §1.
 //!
 //! Every number here is a fact from that file (section given per model). Rows it marks as
 //! inferred or unverified carry `Evidence::Inferred`/`Unverified` and a note saying why.
@@ -79,7 +79,7 @@ impl GiProfile {
     }
 }
 
-/// Compute-instance profiles inside a GI of `g` compute slices (facts §1.11): CI ID = NVML CI
+/// Compute-instance profiles inside a GI of `g` compute slices (docs/facts/mig-nvml.md §1.11): CI ID = NVML CI
 /// profile index; the default CI spans the GI. Counts follow A100's lcip; SMs split evenly.
 pub(super) fn ci_profiles(gi_name: &str, g: u32, gi_sm: u32) -> Vec<CiProfile> {
     // (CI compute slices, CI profile ID, instances per GI) for each GI size.
@@ -109,7 +109,7 @@ pub(super) fn ci_profiles(gi_name: &str, g: u32, gi_sm: u32) -> Vec<CiProfile> {
         .collect()
 }
 
-/// H100 80GB SXM (facts §1.4): real lgip from several drivers plus lgipp; newer-driver memory.
+/// H100 80GB SXM (docs/facts/mig-nvml.md §1.4): real lgip from several drivers plus lgipp; newer-driver memory.
 fn h100_80gb() -> GpuModel {
     const ALL7: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
     GpuModel {
@@ -138,7 +138,7 @@ fn h100_80gb() -> GpuModel {
     }
 }
 
-/// A100-SXM4-40GB / A100-PCIE-40GB (facts §1.1): real lgip + lgipp, driver R525+ memory.
+/// A100-SXM4-40GB / A100-PCIE-40GB (docs/facts/mig-nvml.md §1.1): real lgip + lgipp, driver R525+ memory.
 fn a100_40gb() -> GpuModel {
     GpuModel {
         key: "a100-40gb".into(),
@@ -167,7 +167,7 @@ fn a100_40gb() -> GpuModel {
     }
 }
 
-/// A100-SXM4-80GB / A100 80GB PCIe (facts §1.2): lgip from two sources, placements as §1.1.
+/// A100-SXM4-80GB / A100 80GB PCIe (docs/facts/mig-nvml.md §1.2): lgip from two sources, placements as §1.1.
 fn a100_80gb() -> GpuModel {
     GpuModel {
         key: "a100-80gb".into(),
@@ -201,7 +201,7 @@ fn a100_80gb() -> GpuModel {
     }
 }
 
-/// A30 24GB (facts §1.3): real lgip (driver 535.183.01); grid 4, 4 compute slices.
+/// A30 24GB (docs/facts/mig-nvml.md §1.3): real lgip (driver 535.183.01); grid 4, 4 compute slices.
 fn a30_24gb() -> GpuModel {
     const INFERRED: &str = "NVML index inferred from profile semantics; placements inferred from observed GIs \
                             and the go-nvml mock (no real -lgipp)";
@@ -235,7 +235,7 @@ fn a30_24gb() -> GpuModel {
     }
 }
 
-/// H100 NVL / H100-94GB (facts §1.5): real lgip (driver 560.35.03); everything but memory as §1.4.
+/// H100 NVL / H100-94GB (docs/facts/mig-nvml.md §1.5): real lgip (driver 560.35.03); everything but memory as §1.4.
 fn h100_94gb() -> GpuModel {
     GpuModel {
         key: "h100-94gb".into(),
@@ -262,7 +262,7 @@ fn h100_94gb() -> GpuModel {
     }
 }
 
-/// GH200 with 96 GB HBM3 (facts §1.6): real lgip memory and SM; same structure as H100 (§1.4).
+/// GH200 with 96 GB HBM3 (docs/facts/mig-nvml.md §1.6): real lgip memory and SM; same structure as H100 (§1.4).
 fn gh200_96gb() -> GpuModel {
     GpuModel {
         key: "gh200-96gb".into(),
@@ -293,7 +293,7 @@ fn gh200_96gb() -> GpuModel {
     }
 }
 
-/// GH200 144G HBM3e (facts §1.6): 1g/2g rows real (mig-parted PR #139); 3g/4g/7g not seen.
+/// GH200 144G HBM3e (docs/facts/mig-nvml.md §1.6): 1g/2g rows real (mig-parted PR #139); 3g/4g/7g not seen.
 fn gh200_144gb() -> GpuModel {
     GpuModel {
         key: "gh200-144gb".into(),
@@ -334,7 +334,7 @@ fn gh200_144gb() -> GpuModel {
     }
 }
 
-/// H200 141GB SXM and H200 NVL (facts §1.7): real lgip (mig-parted #120), no -lgipp.
+/// H200 141GB SXM and H200 NVL (docs/facts/mig-nvml.md §1.7): real lgip (mig-parted #120), no -lgipp.
 fn h200_141gb() -> GpuModel {
     const PLACEMENTS: &str = "placements assumed to be H100's (identical IDs and slice sizes; no -lgipp seen)";
     GpuModel {
@@ -372,7 +372,7 @@ fn h200_141gb() -> GpuModel {
     }
 }
 
-/// B200 180GB (facts §1.8): 1g/2g rows real (later driver), 3g/4g/7g never captured.
+/// B200 180GB (docs/facts/mig-nvml.md §1.8): 1g/2g rows real (later driver), 3g/4g/7g never captured.
 fn b200_180gb() -> GpuModel {
     const PLACEMENTS: &str = "placements assumed to be H100's (no -lgipp seen)";
     GpuModel {
@@ -426,7 +426,7 @@ fn b200_180gb() -> GpuModel {
     }
 }
 
-/// RTX PRO 6000 Blackwell, 96 GB (facts §1.9): real lgip + lgipp; grid 12, 4 compute slices.
+/// RTX PRO 6000 Blackwell, 96 GB (docs/facts/mig-nvml.md §1.9): real lgip + lgipp; grid 12, 4 compute slices.
 fn rtx_pro_6000() -> GpuModel {
     const IDX: &str = "NVML index follows nvml.h comments and go-nvlib suffix rules, not NVML output";
     const IDX_1G: &str = "NVML index follows nvml.h comments and go-nvlib suffix rules, not NVML output; \

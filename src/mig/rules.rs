@@ -1,4 +1,4 @@
-//! NVML's rules for which GPU instances can exist together on one GPU (facts §0).
+//! NVML's rules for which GPU instances can exist together on one GPU (docs/facts/mig-nvml.md §0).
 //!
 //! This is the reference the simulator enforces and the counter model is proven against; it is
 //! written from the rules as NVIDIA states them, independently of the counters.

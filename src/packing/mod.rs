@@ -2,7 +2,7 @@
 //! devices in, and which order packs best. Pure: no I/O, deterministic for a seed.
 //!
 //! The scheduler's DRA allocator takes the **first device that fits**, walking slices and then
-//! each slice's devices in published order, with no scoring (`shared/facts/dra-allocator-order.md`).
+//! each slice's devices in published order, with no scoring (`docs/facts/dra-allocator-order.md` §1, §2).
 //! The slices of a pool come in a random order on 1.34 and 1.35 (a new one for every pod), and
 //! sorted by name from 1.36. So the published order decides the placement, and with it how
 //! fragmented the GPUs get.

@@ -1,7 +1,7 @@
 //! What the checkpoint remembers about each claim, as serde records.
 //!
 //! Compatibility rules, so that files move freely between migdra versions (NVIDIA's driver broke
-//! old checkpoints by adding fields, see `facts/anchor-nvidia-dra.md` §3.1):
+//! old checkpoints by adding fields, see `docs/facts/anchor-nvidia-dra.md` §3.1):
 //! - every struct ignores fields it does not know (no `deny_unknown_fields`), so a file written by
 //!   a newer migdra loads in an older one;
 //! - every field added after format version 1 carries `#[serde(default)]`, so a file written by an

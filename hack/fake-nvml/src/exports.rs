@@ -500,7 +500,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
         use crate::handles::Handle;
         let x = f.ci_info(h(ci))?;
         let out = nvmlComputeInstanceInfo_t {
-            // The MIG device handle: a MIG device is one CI (facts §2.1).
+            // The MIG device handle: a MIG device is one CI (docs/facts/mig-nvml.md §2.1).
             device: ptr(Handle::Mig { gpu: x.gpu, gi: x.gi, ci: x.id }.encode()),
             gpuInstance: ptr(Handle::Gi { gpu: x.gpu, gi: x.gi }.encode()),
             id: x.id,

@@ -32,7 +32,7 @@ pub fn write(root: &Path, st: &SimState) -> io::Result<()> {
     replace(&root.join("devices"), &devices_text())?;
     replace(&root.join("sys/kernel/random/boot_id"), &format!("{}\n", st.boot_id))?;
     let caps = root.join("driver/nvidia/capabilities");
-    // Global MIG capabilities: config (create/destroy rights, mode 0400) and monitor (facts §4).
+    // Global MIG capabilities: config (create/destroy rights, mode 0400) and monitor (docs/facts/mig-nvml.md §4).
     replace(&caps.join("mig/config"), "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")?;
     replace(&caps.join("mig/monitor"), "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n")?;
     for g in st.gpus.iter().filter(|g| g.mig_enabled) {

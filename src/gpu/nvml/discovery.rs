@@ -15,7 +15,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
 /// Profile indexes asked for: `NVML_GPU_INSTANCE_PROFILE_COUNT` is 17 in nvml-wrapper-sys and 18
-/// in the v13 header (facts §3); the rest leaves room for newer drivers.
+/// in the v13 header (docs/facts/mig-nvml.md §3); the rest leaves room for newer drivers.
 pub const PROFILE_INDEXES: u32 = 24;
 
 /// MIG mode as NVML reports it.

@@ -1,5 +1,5 @@
 //! The one module with unsafe code: raw libnvidia-ml calls that nvml-wrapper does not wrap (or
-//! wraps wrongly: its `possible_placements` always returns an empty list, facts §3), made through
+//! wraps wrongly: its `possible_placements` always returns an empty list, docs/facts/mig-nvml.md §3), made through
 //! the library nvml-wrapper already loaded.
 //!
 //! Every function here is safe to call: it checks that the symbol exists (a missing one is
@@ -25,7 +25,7 @@ const TIMEOUT: u32 = 10;
 const FUNCTION_NOT_FOUND: u32 = 13;
 const ARGUMENT_VERSION_MISMATCH: u32 = 25;
 
-/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`: room for a MIG UUID (facts §2).
+/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`: room for a MIG UUID (docs/facts/mig-nvml.md §2).
 const UUID_BUFFER: usize = 96;
 
 /// `NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED`, the only engine profile NVML has.
@@ -38,7 +38,7 @@ pub const EVENT_XID: u64 = 8;
 const NO_INSTANCE: u32 = 0xFFFF_FFFF;
 
 /// `NVML_STRUCT_VERSION(X, v)`: the struct's size with the version in the top byte. bindgen does
-/// not emit these constants (facts §2.1).
+/// not emit these constants (docs/facts/mig-nvml.md §2.1).
 const fn struct_version(size: usize, v: u32) -> u32 {
     size as u32 | (v << 24)
 }
@@ -48,7 +48,7 @@ pub const GI_PROFILE_INFO_V3: u32 = struct_version(size_of::<nvmlGpuInstanceProf
 pub const CI_PROFILE_INFO_V2: u32 = struct_version(size_of::<nvmlComputeInstanceProfileInfo_v2_t>(), 2);
 pub const CI_PROFILE_INFO_V3: u32 = struct_version(size_of::<nvmlComputeInstanceProfileInfo_v3_t>(), 3);
 
-// The layouts the facts checked with gcc against nvml.h (§2.1); a binding that disagrees would
+// The layouts of docs/facts/mig-nvml.md §2.1, checked with gcc against nvml.h; a binding that disagrees would
 // corrupt memory, so it must not compile.
 const _: () = {
     assert!(GI_PROFILE_INFO_V2 == 0x0200_0098);
@@ -364,7 +364,7 @@ pub struct CiInfo {
     pub start: u32,
     pub size: u32,
     /// `MIG-…`, from GetUUID on `info.device`, the MIG device handle (a MIG device maps 1:1 to
-    /// a CI; facts §2.1).
+    /// a CI; docs/facts/mig-nvml.md §2.1).
     pub uuid: String,
 }
 
