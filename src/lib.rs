@@ -22,11 +22,14 @@
 pub mod cdi;
 pub mod claims;
 pub mod cli;
+pub mod duration;
+pub mod files;
 pub mod gpu;
 pub mod kube;
 pub mod kubelet;
 pub mod metrics;
 pub mod mig;
+pub mod names;
 pub mod packing;
 pub mod prepare;
 pub mod slurm;

@@ -6,7 +6,7 @@
 //! counts something adds one line. Values that live elsewhere (checkpoint writes, the instances a
 //! claim holds) are read when scraped, never duplicated.
 
-use crate::prepare::{Engine, PrepareError};
+use crate::prepare::Engine;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -201,26 +201,6 @@ fn header(out: &mut String, name: &str, help: &str, kind: &str) {
 /// A label value as the text format wants it: `\`, `"` and newlines escaped.
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// The fixed set of error reasons a failed prepare or unprepare is counted under: `bad-device`,
-/// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`, `checkpoint`,
-/// `timeout` (a GPU lock held too long), `discovery`.
-pub fn reason(e: &PrepareError) -> String {
-    match e {
-        PrepareError::BadDevice { .. } => "bad-device".into(),
-        PrepareError::DeviceInUse { .. } => "device-in-use".into(),
-        PrepareError::Overlaps { .. } => "overlaps".into(),
-        PrepareError::AllocationChanged { .. } => "allocation-changed".into(),
-        PrepareError::Nvml { source, .. } => match source.code() {
-            Some(code) => format!("nvml-{}", code.name()),
-            None => "nvml".into(),
-        },
-        PrepareError::Cdi { .. } => "cdi".into(),
-        PrepareError::Checkpoint { .. } => "checkpoint".into(),
-        PrepareError::Busy { .. } => "timeout".into(),
-        PrepareError::Discovery(_) => "discovery".into(),
-    }
 }
 
 /// Whether `addr` may serve metrics without `--metrics-allow-remote`: loopback only.

@@ -70,7 +70,7 @@ fn fuzz_device_names() {
         if let Ok(name) = DeviceName::parse(&s) {
             let again = DeviceName::parse(&name.to_string());
             prop_assert_eq!(again.as_ref().ok(), Some(&name), "{:?} does not round-trip", s);
-            prop_assert!(migdra::mig::naming::is_dns_label(&name.to_string()));
+            prop_assert!(migdra::names::is_dns_label(&name.to_string()));
         }
         Ok(())
     });

@@ -59,6 +59,12 @@ impl GpuBackend for Counting {
         self.count();
         self.inner.create_compute_instance(gpu, gi_id, ci_profile_id)
     }
+    fn caps_major(&self) -> GpuResult<u32> {
+        self.inner.caps_major()
+    }
+    fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> GpuResult<(u32, u32)> {
+        self.inner.mig_capability_minors(gpu_minor, gi_id, ci_id)
+    }
     fn destroy_compute_instance(&self, gpu: &str, gi_id: u32, ci_id: u32) -> GpuResult<()> {
         self.count();
         self.inner.destroy_compute_instance(gpu, gi_id, ci_id)

@@ -144,11 +144,6 @@ fn visible_devices(uuid: &str) -> Vec<(String, String)> {
     ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"].iter().map(|k| (k.to_string(), uuid.to_string())).collect()
 }
 
-/// A Kubernetes UID as migdra accepts it in a file name: `[a-z0-9-]{1,64}`.
-pub fn is_valid_claim_uid(uid: &str) -> bool {
-    (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
 /// A CDI device name: letters, digits, `_`, `-`, `.`, `:`, starting and ending with a letter or
 /// digit (CDI `parser.ValidateDeviceName`).
 pub fn is_valid_device_name(name: &str) -> bool {
@@ -301,10 +296,10 @@ mod tests {
             assert!(!is_valid_vendor(bad), "{bad}");
         }
         for good in ["0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "a", "uid-1"] {
-            assert!(is_valid_claim_uid(good), "{good}");
+            assert!(crate::names::is_uid(good), "{good}");
         }
         for bad in ["", "A", "../x", "a/b", "a\0b", ".", "..", &"a".repeat(65), &"a".repeat(300)] {
-            assert!(!is_valid_claim_uid(bad), "{bad:?}");
+            assert!(!crate::names::is_uid(bad), "{bad:?}");
         }
     }
 

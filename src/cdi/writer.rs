@@ -5,21 +5,17 @@
 //! in the same directory, synced, renamed over the final name, and the directory is synced so the
 //! rename survives a crash.
 
-use super::{CDI_VERSION, CdiDevice, CdiError, Result, Spec, is_valid_claim_uid, is_valid_vendor};
+use super::{CDI_VERSION, CdiDevice, CdiError, Result, Spec, is_valid_vendor};
+use crate::files;
 use std::collections::HashSet;
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Mode of a spec file: runtimes (root) read it; anyone may read it for debugging.
 const SPEC_MODE: u32 = 0o644;
 /// Mode of the CDI directory when migdra has to create it.
 const DIR_MODE: u32 = 0o755;
-
-/// Distinguishes temp files of concurrent writes in one process.
-static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Files that [`CdiWriter::list`] could not read, with the reason.
 pub type Unreadable = Vec<(PathBuf, String)>;
@@ -69,7 +65,7 @@ impl CdiWriter {
     /// strings), so a path built from claim data never leaves the directory;
     /// [`CdiError::BadDriver`] for a driver name that is not a CDI vendor name.
     pub fn spec_path(&self, claim_uid: &str) -> Result<PathBuf> {
-        if !is_valid_claim_uid(claim_uid) {
+        if !crate::names::is_uid(claim_uid) {
             return Err(CdiError::BadClaimUid { uid: claim_uid.to_string() });
         }
         self.check_driver()?;
@@ -85,8 +81,7 @@ impl CdiWriter {
     /// temp file is left behind and an earlier spec of the claim is unchanged.
     pub fn write(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<Vec<String>> {
         let (path, bytes, ids) = self.render(claim_uid, devices)?;
-        self.create_dir()?;
-        write_atomic(&self.dir, &path, &bytes)?;
+        self.store(&path, &bytes)?;
         Ok(ids)
     }
 
@@ -100,8 +95,7 @@ impl CdiWriter {
         let (path, bytes, ids) = self.render(claim_uid, devices)?;
         let state = on_disk(&path, &bytes)?;
         if state != SpecState::Intact {
-            self.create_dir()?;
-            write_atomic(&self.dir, &path, &bytes)?;
+            self.store(&path, &bytes)?;
         }
         Ok((ids, state))
     }
@@ -148,7 +142,7 @@ impl CdiWriter {
     pub fn remove(&self, claim_uid: &str) -> Result<()> {
         let path = self.spec_path(claim_uid)?;
         match fs::remove_file(&path) {
-            Ok(()) => sync_dir(&self.dir),
+            Ok(()) => files::sync_dir(&self.dir).map_err(io("sync directory", &self.dir)),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(source) => Err(CdiError::Io { path, op: "remove", source }),
         }
@@ -192,7 +186,7 @@ impl CdiWriter {
                 continue;
             };
             let path = entry.path();
-            if !is_valid_claim_uid(uid) {
+            if !crate::names::is_uid(uid) {
                 bad.push((path, format!("the claim UID {uid:?} in the file name is not [a-z0-9-]{{1,64}}")));
                 continue;
             }
@@ -218,14 +212,15 @@ impl CdiWriter {
         Ok(spec)
     }
 
-    fn create_dir(&self) -> Result<()> {
-        if self.dir.is_dir() {
-            return Ok(());
-        }
-        let io = |source| CdiError::Io { path: self.dir.clone(), op: "create directory", source };
-        DirBuilder::new().recursive(true).mode(DIR_MODE).create(&self.dir).map_err(io)?;
-        // The umask may have narrowed the mode; runtimes and debugging users need to list it.
-        fs::set_permissions(&self.dir, fs::Permissions::from_mode(DIR_MODE)).map_err(io)
+    /// Write one spec file atomically, creating the CDI directory if it is missing.
+    fn store(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        // Runtimes and debugging users need to list the directory, whatever the umask.
+        files::create_dir(&self.dir, DIR_MODE).map_err(io("create directory", &self.dir))?;
+        files::write_atomic(path, bytes, SPEC_MODE).map_err(|e| CdiError::Io {
+            path: e.path,
+            op: e.step.op(),
+            source: e.source,
+        })
     }
 }
 
@@ -259,47 +254,16 @@ fn on_disk(path: &Path, want: &[u8]) -> Result<SpecState> {
     }
 }
 
-/// Write `bytes` to `path` through a temp file in `dir`; the temp file is removed on any failure.
-fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
-    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("spec");
-    let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{file_name}.tmp-{}-{seq}", std::process::id()));
-    let result = (|| {
-        let mut file =
-            OpenOptions::new().write(true).create_new(true).mode(SPEC_MODE).open(&tmp).map_err(io("create", &tmp))?;
-        file.write_all(bytes).map_err(io("write", &tmp))?;
-        // The umask may have narrowed the mode given at creation.
-        file.set_permissions(fs::Permissions::from_mode(SPEC_MODE)).map_err(io("set the mode of", &tmp))?;
-        file.sync_all().map_err(io("sync", &tmp))?;
-        drop(file);
-        fs::rename(&tmp, path).map_err(io("rename a temp file onto", path))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result?;
-    sync_dir(dir)
-}
-
 /// Map an I/O error to [`CdiError::Io`] naming the operation and the path.
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CdiError + 'a {
     move |source| CdiError::Io { path: path.to_path_buf(), op, source }
-}
-
-/// Make a rename or removal in `dir` durable.
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|source| CdiError::Io {
-        path: dir.to_path_buf(),
-        op: "sync directory",
-        source,
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cdi::{DeviceNode, device_name, gpu_device, mig_device};
+    use std::os::unix::fs::PermissionsExt;
 
     const DRIVER: &str = "mig.slinky.slurm.net";
     const UID: &str = "0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b";
@@ -464,7 +428,7 @@ mod tests {
         fs::create_dir(&path).unwrap();
         fs::write(path.join("keep"), "x").unwrap();
         let err = w.write(UID, &devices(UID)).unwrap_err();
-        assert!(matches!(err, CdiError::Io { op: "rename a temp file onto", .. }), "{err}");
+        assert!(matches!(err, CdiError::Io { op: "rename temp file over", .. }), "{err}");
         assert_eq!(names_in(tmp.path()), [path.file_name().unwrap().to_string_lossy()]);
     }
 

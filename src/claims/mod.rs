@@ -34,6 +34,16 @@ pub enum ClaimError {
     #[error("claim UID {uid} not found in {}, and {} file(s) there could not be parsed: {}",
         dir.display(), errors.len(), list_errors(errors))]
     NotFound { uid: String, dir: PathBuf, errors: Vec<(PathBuf, String)> },
+    /// The API server did not answer the lookup; `transient` when retrying may still succeed
+    /// (a timeout, a 5xx, a 429), so the kubelet's next call can.
+    #[error("failed to read claim {claim} from the API server{}: {source}",
+        if *transient { " (transient, the kubelet's retry may succeed)" } else { "" })]
+    Api {
+        claim: String,
+        transient: bool,
+        #[source]
+        source: kube::Error,
+    },
     /// The source could not be read at all.
     #[error("failed to {op} {}: {source}", path.display())]
     Io {
@@ -115,17 +125,17 @@ impl ClaimRef {
     /// not a DNS label, a non-empty name that is not a DNS subdomain.
     pub fn validate(&self) -> Result<()> {
         let bad = |field, value: &str, expected| Err(ClaimError::BadRef { field, value: value.to_string(), expected });
-        if !is_valid_uid(&self.uid) {
+        if !crate::names::is_uid(&self.uid) {
             return bad("UID", &self.uid, "expected 1 to 64 characters of [a-z0-9-] (a Kubernetes UID)");
         }
-        if !self.namespace.is_empty() && !crate::mig::naming::is_dns_label(&self.namespace) {
+        if !self.namespace.is_empty() && !crate::names::is_dns_label(&self.namespace) {
             return bad(
                 "namespace",
                 &self.namespace,
                 "expected a DNS label ([a-z0-9-], at most 63, no dash at the ends)",
             );
         }
-        if !self.name.is_empty() && !is_dns_subdomain(&self.name) {
+        if !self.name.is_empty() && !crate::names::is_dns_subdomain(&self.name) {
             return bad(
                 "name",
                 &self.name,
@@ -155,16 +165,6 @@ impl Claim {
     pub fn results_for<'a>(&'a self, driver: &'a str) -> impl Iterator<Item = &'a AllocationResult> + 'a {
         self.results.iter().filter(move |r| r.driver == driver)
     }
-}
-
-/// A Kubernetes UID as migdra accepts it: `[a-z0-9-]{1,64}` (UIDs are RFC 4122 strings).
-pub fn is_valid_uid(uid: &str) -> bool {
-    (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
-/// A DNS subdomain (RFC 1123): dot-separated DNS labels, at most 253 characters.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(crate::mig::naming::is_dns_label)
 }
 
 #[cfg(test)]

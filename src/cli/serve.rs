@@ -21,13 +21,13 @@ pub struct Args {
     #[arg(long, env = "MIGDRA_HEALTH", default_value_t = true, action = clap::ArgAction::Set)]
     pub health: bool,
     /// How often device health is re-read, e.g. 1s or 250ms
-    #[arg(long, env = "MIGDRA_HEALTH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "MIGDRA_HEALTH_INTERVAL", default_value = "1s", value_parser = crate::duration::parse)]
     pub health_interval: Duration,
     /// How long in-flight calls may take to finish after SIGTERM
-    #[arg(long, env = "MIGDRA_GRACE", default_value = "25s", value_parser = parse_duration)]
+    #[arg(long, env = "MIGDRA_GRACE", default_value = "25s", value_parser = crate::duration::parse)]
     pub grace: Duration,
     /// How often the registration socket is checked for deletion
-    #[arg(long, env = "MIGDRA_SOCKET_CHECK", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "MIGDRA_SOCKET_CHECK", default_value = "1s", value_parser = crate::duration::parse)]
     pub socket_check: Duration,
     /// Log format: text, or one JSON object per line; a claim's lines carry its `claim` span
     /// (claim_uid, namespace, name, device)
@@ -65,20 +65,6 @@ fn parse_level(s: &str) -> Result<tracing::Level, String> {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// `250ms`, `1s`, `2m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration; expected e.g. 250ms, 1s, 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{s:?} has unit {unit:?}; expected ms, s or m")),
-    }
 }
 
 fn init_logging(format: LogFormat, level: tracing::Level) {

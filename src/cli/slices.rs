@@ -48,11 +48,11 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
     if node.is_empty() {
         return Err(CliError::Usage("no node name: pass --node-name or set NODE_NAME".into()));
     }
-    if !slices::is_dns_subdomain(&node) {
+    if !crate::names::is_dns_subdomain(&node) {
         return Err(CliError::Usage(format!("--node-name {node:?} is not a DNS subdomain, as node names are")));
     }
     let driver = &global.node.driver_name;
-    if !slices::is_dns_subdomain(driver) || driver.len() > slices::MAX_DRIVER_LEN {
+    if !crate::names::is_dns_subdomain(driver) || driver.len() > slices::MAX_DRIVER_LEN {
         return Err(CliError::Usage(format!(
             "--driver-name {driver:?} is not a DNS subdomain of at most {} characters",
             slices::MAX_DRIVER_LEN

@@ -310,13 +310,10 @@ pub trait GpuBackend: Send + Sync {
     /// The boot ID instances belong to: they vanish when it changes.
     fn boot_id(&self) -> Result<String>;
     /// Major number of the `nvidia-caps` character devices (dynamic; `/proc/devices` on a host).
-    fn caps_major(&self) -> Result<u32> {
-        Ok(SIM_CAPS_MAJOR)
-    }
+    /// No default: a backend that guessed would expose the wrong device to the container.
+    fn caps_major(&self) -> Result<u32>;
     /// `nvidia-cap<N>` minors of a GI and its CI (`DeviceFileMinor` in procfs on a host).
-    fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)> {
-        Ok(capability_minors(gpu_minor, gi_id, ci_id))
-    }
+    fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)>;
     /// Why a GPU, or one of its GPU instances, is unhealthy (`XID 79`), when the backend knows.
     /// Only for the health stream's messages; `healthy` in [`GpuInfo`] and [`GpuInstance`] decides.
     fn unhealthy_reason(&self, _gpu: &str, _gi: Option<u32>) -> Option<String> {

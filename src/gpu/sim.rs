@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, Write};
+use std::io;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -270,8 +270,7 @@ impl Fault {
         let fields: Vec<&str> = action.split(':').map(str::trim).collect();
         let (action, rest) = if fields[0].eq_ignore_ascii_case("delay") {
             let d = fields.get(1).ok_or_else(|| bad("delay needs a duration, e.g. delay:300ms"))?;
-            let d = parse_duration(d)
-                .ok_or_else(|| bad(&format!("bad duration '{d}' (use ns, us, ms or s, e.g. 300ms)")))?;
+            let d = crate::duration::parse(d).map_err(|e| bad(&e.to_string()))?;
             (FaultAction::Delay(d), &fields[2..])
         } else {
             let code = NvmlCode::parse(fields[0]).ok_or_else(|| bad(&format!("unknown error '{}'", fields[0])))?;
@@ -316,7 +315,7 @@ impl fmt::Display for Fault {
         write!(f, "{}=", self.op)?;
         match self.action {
             FaultAction::Fail(code) => f.write_str(code.name())?,
-            FaultAction::Delay(d) => write!(f, "delay:{}", format_duration(d))?,
+            FaultAction::Delay(d) => write!(f, "delay:{}", crate::duration::format(d))?,
         }
         if let Some(n) = self.remaining {
             write!(f, ":{n}")?;
@@ -341,33 +340,6 @@ impl TryFrom<String> for Fault {
 impl From<Fault> for String {
     fn from(f: Fault) -> String {
         f.to_string()
-    }
-}
-
-fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    match unit.trim() {
-        "ns" => Some(Duration::from_nanos(n)),
-        "us" | "µs" => Some(Duration::from_micros(n)),
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        _ => None,
-    }
-}
-
-fn format_duration(d: Duration) -> String {
-    let ns = d.as_nanos();
-    if ns.is_multiple_of(1_000_000_000) {
-        format!("{}s", ns / 1_000_000_000)
-    } else if ns.is_multiple_of(1_000_000) {
-        format!("{}ms", ns / 1_000_000)
-    } else if ns.is_multiple_of(1_000) {
-        format!("{}us", ns / 1_000)
-    } else {
-        format!("{ns}ns")
     }
 }
 
@@ -1049,28 +1021,12 @@ impl StateFile {
         Ok(Some(st))
     }
 
-    /// Replace the file atomically: temp file in the same directory, fsync, rename, fsync dir.
+    /// Replace the file atomically, so a reader in another process never sees half a state.
     fn write(&self, st: &SimState) -> Result<()> {
         let mut json =
             serde_json::to_vec_pretty(st).map_err(|e| self.error(format!("cannot encode the state: {e}")))?;
         json.push(b'\n');
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-        let result = (|| -> io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&json)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.path)?;
-            File::open(&dir)?.sync_all()
-        })();
-        result.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            self.io_error("cannot write it", e)
-        })
+        crate::files::write_atomic(&self.path, &json, 0o644).map_err(|e| self.error(e.to_string()))
     }
 }
 
@@ -1220,6 +1176,14 @@ impl GpuBackend for SimBackend {
     }
 
     /// The last critical XID recorded for the GPU (or the GI), as the NVML backend reports it.
+    fn caps_major(&self) -> Result<u32> {
+        Ok(super::SIM_CAPS_MAJOR)
+    }
+
+    fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)> {
+        Ok(super::capability_minors(gpu_minor, gi_id, ci_id))
+    }
+
     fn unhealthy_reason(&self, gpu: &str, gi: Option<u32>) -> Option<String> {
         let st = self.state().ok()?;
         let index = st.gpus[st.resolve(gpu).ok()?].index;
@@ -1543,6 +1507,8 @@ mod tests {
         assert_eq!(f.op, SimOp::CreateGi);
         assert_eq!(f.action, FaultAction::Fail(NvmlCode::InsufficientResources));
         assert_eq!(f.remaining, Some(1));
+        // The one duration syntax of flags: minutes work here as they do for `--grace`.
+        assert_eq!(Fault::parse("create-gi=delay:2m").unwrap().action, FaultAction::Delay(Duration::from_secs(120)));
         let f = Fault::parse("destroy-gi=delay:1s").unwrap();
         assert_eq!((f.action, f.remaining), (FaultAction::Delay(Duration::from_secs(1)), None));
         let f = Fault::parse("create-ci=in-use@0.05").unwrap();
@@ -1565,7 +1531,7 @@ mod tests {
             ("create-gi=in-use:x", "'x'"),
             ("create-gi=in-use:1:2", "create-gi=in-use:1:2"),
             ("create-gi=delay", "duration"),
-            ("create-gi=delay:3h", "3h"),
+            ("create-gi=delay:3d", "3d"),
             ("create-gi=in-use@1.5", "PROBABILITY"),
             ("create-gi=in-use#", "GPU"),
             ("discover=in-use#0", "discover"),

@@ -44,10 +44,10 @@ impl KubeClaimSource {
 
 impl ClaimSource for KubeClaimSource {
     fn get(&self, claim: &ClaimRef) -> crate::claims::Result<Option<Claim>> {
-        let found = self.runtime.block_on(self.fetch(claim)).map_err(|e| ClaimError::Io {
-            path: format!("resourceclaims/{}/{}", claim.namespace, claim.name).into(),
-            op: "read from the API server",
-            source: std::io::Error::other(e.to_string()),
+        let found = self.runtime.block_on(self.fetch(claim)).map_err(|source| ClaimError::Api {
+            claim: claim.to_string(),
+            transient: super::transient(&source),
+            source,
         })?;
         let Some(found) = found else { return Ok(None) };
         let uid = found.metadata.uid.clone().unwrap_or_default();

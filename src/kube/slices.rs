@@ -32,7 +32,7 @@
 
 use crate::mig::counters::{self, Counters};
 use crate::mig::devices::{self, AttributeValue, Device};
-use crate::mig::naming::is_dns_label;
+use crate::names::{MAX_SUBDOMAIN_LEN, fnv1a64, is_dns_label, is_dns_subdomain, qualified_name_problem};
 use k8s_openapi::api::resource::v1 as api;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -59,12 +59,6 @@ pub const COMBINED_MAX_SHARED_COUNTERS: usize = 32;
 pub const COMBINED_MAX_CONSUMED_COUNTERS: usize = 1024;
 /// Characters of a string or version attribute value.
 pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
-/// Characters of the identifier part of a qualified name.
-pub const MAX_ID_LEN: usize = 32;
-/// Characters of the domain part of a qualified name.
-pub const MAX_DOMAIN_LEN: usize = 63;
-/// Characters of a DNS subdomain (object names, pool names).
-pub const MAX_SUBDOMAIN_LEN: usize = 253;
 /// Characters of a driver name.
 pub const MAX_DRIVER_LEN: usize = 63;
 /// Characters of a label value.
@@ -197,14 +191,9 @@ pub fn node_label_value(node: &str) -> String {
     if node.len() <= MAX_LABEL_VALUE_LEN {
         return node.to_string();
     }
-    let hash = format!("{:08x}", fnv1a(node.as_bytes()) as u32);
+    let hash = format!("{:08x}", fnv1a64(node.as_bytes()) as u32);
     let head = node[..MAX_LABEL_VALUE_LEN - hash.len() - 1].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
     format!("{head}-{hash}")
-}
-
-/// FNV-1a, 64 bits: a stable hash without a dependency.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// The name of slice `index` of this node's pool: `<node>-<driver with '.' as '-'>-<5 hex digits>`.
@@ -213,7 +202,7 @@ pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
     let mut prefix = format!("{node}-{}", driver.replace('.', "-"));
     let room = MAX_SUBDOMAIN_LEN - INDEX_DIGITS - 1;
     if prefix.len() > room {
-        let hash = format!("{:08x}", fnv1a(prefix.as_bytes()) as u32);
+        let hash = format!("{:08x}", fnv1a64(prefix.as_bytes()) as u32);
         let head = prefix[..room - hash.len() - 1].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
         prefix = format!("{head}-{hash}");
     }
@@ -405,47 +394,6 @@ pub fn build(
         })
         .collect();
     Ok(slices)
-}
-
-/// RFC 1123 subdomain as Kubernetes checks it (`IsDNS1123Subdomain`): ≤253 characters, dot-separated
-/// labels of lower-case letters, digits and `-`, each starting and ending alphanumeric.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    let part = |l: &str| {
-        !l.is_empty()
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    !s.is_empty() && s.len() <= MAX_SUBDOMAIN_LEN && s.split('.').all(part)
-}
-
-fn is_c_identifier(s: &str) -> bool {
-    let mut b = s.bytes();
-    b.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_') && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
-}
-
-/// Why `key` is not a QualifiedName (attribute and capacity keys): a C identifier of ≤32
-/// characters, optionally behind a DNS subdomain of ≤63 characters and a `/`.
-pub fn qualified_name_problem(key: &str) -> Option<String> {
-    let (domain, id) = match key.split_once('/') {
-        Some((d, i)) => (Some(d), i),
-        None => (None, key),
-    };
-    if let Some(d) = domain {
-        if d.len() > MAX_DOMAIN_LEN {
-            return Some(format!("domain {d:?} has {} characters, more than {MAX_DOMAIN_LEN}", d.len()));
-        }
-        if !is_dns_subdomain(d) {
-            return Some(format!("domain {d:?} is not a DNS subdomain"));
-        }
-    }
-    if !is_c_identifier(id) {
-        return Some(format!("{id:?} is not a C identifier"));
-    }
-    if id.len() > MAX_ID_LEN {
-        return Some(format!("{id:?} has {} characters, more than {MAX_ID_LEN}", id.len()));
-    }
-    None
 }
 
 /// Semantic version 2.0.0: `MAJOR.MINOR.PATCH[-pre][+build]`, numbers without leading zeros.
@@ -980,20 +928,12 @@ mod tests {
 
     #[test]
     fn names_and_values_follow_the_api_formats() {
-        assert!(qualified_name_problem("resource.kubernetes.io/pciBusID").is_none());
-        assert!(qualified_name_problem("slurmGpuIndex").is_none());
-        assert!(qualified_name_problem("copy-engines").is_some());
-        assert!(qualified_name_problem("Bad_Domain/x").is_some());
-        assert!(qualified_name_problem(&format!("{}/x", "a".repeat(64))).is_some());
         for good in ["580.95.5", "9.0.0", "1.0.0-rc.1+build.5"] {
             assert!(is_semver(good), "{good}");
         }
         for bad in ["580.95.05", "9.0", "1.0.0-", "v1.0.0"] {
             assert!(!is_semver(bad), "{bad}");
         }
-        assert!(is_dns_subdomain("node-a.example.com"));
-        assert!(!is_dns_subdomain("node_a"));
-        assert!(!is_dns_subdomain("a..b"));
 
         let mut slices =
             build(DRIVER, "node-a", None, 1, Layout::Split, &node(&[("a30-24gb", 1, GpuMode::Dynamic)])).unwrap();

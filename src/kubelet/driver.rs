@@ -6,9 +6,9 @@
 //! [`crate::metrics::METRICS`].
 
 use super::PluginState;
-use crate::claims::{ClaimRef, ClaimSource};
+use crate::claims::{ClaimError, ClaimRef, ClaimSource};
 use crate::metrics::METRICS;
-use crate::prepare::{Engine, PreparedDevice, Reporter};
+use crate::prepare::{Engine, PrepareError, PreparedDevice, Reporter};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -102,9 +102,9 @@ impl Driver {
                 let span = claim_span(&claim);
                 let _in_span = span.enter();
                 let started = std::time::Instant::now();
-                let r = prepare_one(&engine, source.as_ref(), &claim, &span).map_err(|(reason, e)| {
-                    METRICS.error("prepare", &reason);
-                    e
+                let r = prepare_one(&engine, source.as_ref(), &claim, &span).map_err(|e| {
+                    METRICS.error("prepare", &e.reason());
+                    e.to_string()
                 });
                 METRICS.prepare.observe(started.elapsed());
                 state.record_call("prepare", started.elapsed(), r.is_ok());
@@ -142,15 +142,11 @@ impl Driver {
                     span.record("device", names.join(","));
                 }
                 let started = std::time::Instant::now();
-                let r = if claim.uid.is_empty() {
-                    METRICS.error("unprepare", "bad-request");
-                    Err("claim has an empty UID".to_string())
-                } else {
-                    engine.unprepare(&claim.uid).map_err(|e| {
-                        METRICS.error("unprepare", &crate::metrics::reason(&e));
-                        e.to_string()
-                    })
-                };
+                let r = check_ref(&claim).and_then(|()| engine.unprepare(&claim.uid).map_err(ClaimFailure::Prepare));
+                let r = r.map_err(|e| {
+                    METRICS.error("unprepare", &e.reason());
+                    e.to_string()
+                });
                 METRICS.unprepare.observe(started.elapsed());
                 state.record_call("unprepare", started.elapsed(), r.is_ok());
                 if let (Ok(()), Some(reporter)) = (&r, reporter.as_ref())
@@ -219,25 +215,55 @@ fn claim_span(claim: &ClaimRef) -> tracing::Span {
     )
 }
 
-/// Prepare one claim; a failure comes with its metrics reason (see [`crate::metrics::reason`]).
+/// Why one claim's prepare failed, in the words the kubelet gets and the class the metrics count.
+#[derive(Debug, thiserror::Error)]
+enum ClaimFailure {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Lookup(ClaimError),
+    #[error("claim {0} is not known to the claim source")]
+    NotFound(ClaimRef),
+    #[error(transparent)]
+    Prepare(PrepareError),
+}
+
+impl ClaimFailure {
+    /// The label of `migdra_errors_total`: `bad-request`, `claim-lookup`, `claim-not-found`, or
+    /// the engine's own ([`PrepareError::reason`]).
+    fn reason(&self) -> String {
+        match self {
+            Self::BadRequest(_) => "bad-request".into(),
+            Self::Lookup(_) => "claim-lookup".into(),
+            Self::NotFound(_) => "claim-not-found".into(),
+            Self::Prepare(e) => e.reason(),
+        }
+    }
+}
+
+/// Check a claim reference before it is used anywhere: a lookup, a GPU, a file name.
+fn check_ref(claim: &ClaimRef) -> Result<(), ClaimFailure> {
+    if claim.uid.is_empty() {
+        return Err(ClaimFailure::BadRequest("claim has an empty UID".into()));
+    }
+    claim.validate().map_err(|e| ClaimFailure::BadRequest(e.to_string()))
+}
+
+/// Prepare one claim.
 fn prepare_one(
     engine: &Engine,
     source: &dyn ClaimSource,
     claim: &ClaimRef,
     span: &tracing::Span,
-) -> Result<Vec<PreparedDevice>, (String, String)> {
-    if claim.uid.is_empty() {
-        return Err(("bad-request".into(), "claim has an empty UID".into()));
-    }
+) -> Result<Vec<PreparedDevice>, ClaimFailure> {
+    check_ref(claim)?;
     if claim.name.is_empty() || claim.namespace.is_empty() {
-        return Err(("bad-request".into(), format!("claim {} has an empty name or namespace", claim.uid)));
+        return Err(ClaimFailure::BadRequest(format!("claim {} has an empty name or namespace", claim.uid)));
     }
-    let found = source.get(claim).map_err(|e| ("claim-lookup".to_string(), e.to_string()))?.ok_or_else(|| {
-        let e = format!("claim {}/{} ({}) is not known to the claim source", claim.namespace, claim.name, claim.uid);
-        ("claim-not-found".to_string(), e)
-    })?;
+    let found =
+        source.get(claim).map_err(ClaimFailure::Lookup)?.ok_or_else(|| ClaimFailure::NotFound(claim.clone()))?;
     let ours = found.results.iter().filter(|r| r.driver == engine.options().driver);
     let names: Vec<&str> = ours.map(|r| r.device.as_str()).collect();
     span.record("device", names.join(","));
-    engine.prepare(claim, &found.results).map_err(|e| (crate::metrics::reason(&e), e.to_string()))
+    engine.prepare(claim, &found.results).map_err(ClaimFailure::Prepare)
 }

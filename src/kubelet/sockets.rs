@@ -37,11 +37,8 @@ impl SocketPaths {
 /// # Errors
 /// Something other than a socket is at `path`, or the directory or socket cannot be made.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent()
-        && !dir.exists()
-    {
-        std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
+    if let Some(dir) = path.parent() {
+        crate::files::create_dir(dir, 0o750)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,

@@ -104,7 +104,7 @@ mod tests {
         assert_eq!(c[COPY_ENGINES], 8);
         assert_eq!(c[MEMORY], 81152);
         assert_eq!(c.len(), 7 + 8);
-        assert!(c.keys().all(|k| crate::mig::naming::is_dns_label(k)));
+        assert!(c.keys().all(|k| crate::names::is_dns_label(k)));
         let three_g = m.profile(9).unwrap();
         let used = mig_consumption(three_g, 4);
         assert_eq!(used[&memory_slice(4)], 1);

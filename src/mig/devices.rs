@@ -277,7 +277,7 @@ pub fn gpu_devices(
 mod tests {
     use super::*;
     use crate::mig::catalog::{model, models};
-    use crate::mig::naming::is_dns_label;
+    use crate::names::is_dns_label;
 
     fn identity(model: &GpuModel) -> GpuIdentity {
         GpuIdentity {

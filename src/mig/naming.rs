@@ -26,8 +26,8 @@ pub struct NameError {
     pub reason: &'static str,
 }
 
-/// Longest DNS label.
-pub const MAX_NAME_LEN: usize = 63;
+/// Longest device name: a DNS label.
+pub const MAX_NAME_LEN: usize = crate::names::MAX_LABEL_LEN;
 
 /// The profile as it appears in names: lower case, without `.` and `+`, only `[a-z0-9-]`.
 pub fn profile_slug(profile_name: &str) -> String {
@@ -95,15 +95,6 @@ fn number(s: &str) -> Option<u32> {
     if ok { s.parse().ok() } else { None }
 }
 
-/// Whether a string is a DNS label (RFC 1123), as Kubernetes requires of device names.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_NAME_LEN
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,7 +116,7 @@ mod tests {
                     for minor in [0, 7, 31, 255] {
                         let name = DeviceName::mig(minor, &p.name, p.id, start);
                         let text = name.to_string();
-                        assert!(is_dns_label(&text), "{text}");
+                        assert!(crate::names::is_dns_label(&text), "{text}");
                         assert_eq!(DeviceName::parse(&text), Ok(name), "{text}");
                     }
                 }

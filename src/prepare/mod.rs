@@ -125,9 +125,32 @@ pub enum PrepareError {
     Busy { claim: String, device: String, source: std::io::Error },
     #[error("failed to discover GPUs: {0}")]
     Discovery(GpuError),
+    #[error("cannot create the state directory {}: {source}", path.display())]
+    StateDir { path: PathBuf, source: std::io::Error },
 }
 
 impl PrepareError {
+    /// The fixed label a failure is counted under in `migdra_errors_total`: `bad-device`,
+    /// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`,
+    /// `checkpoint`, `timeout` (a GPU lock held too long), `discovery`, `state-dir`.
+    pub fn reason(&self) -> String {
+        match self {
+            Self::BadDevice { .. } => "bad-device".into(),
+            Self::DeviceInUse { .. } => "device-in-use".into(),
+            Self::Overlaps { .. } => "overlaps".into(),
+            Self::AllocationChanged { .. } => "allocation-changed".into(),
+            Self::Nvml { source, .. } => match source.code() {
+                Some(code) => format!("nvml-{}", code.name()),
+                None => "nvml".into(),
+            },
+            Self::Cdi { .. } => "cdi".into(),
+            Self::Checkpoint { .. } => "checkpoint".into(),
+            Self::Busy { .. } => "timeout".into(),
+            Self::Discovery(_) => "discovery".into(),
+            Self::StateDir { .. } => "state-dir".into(),
+        }
+    }
+
     fn bad(claim: &ClaimRef, device: &str, reason: String) -> Self {
         Self::BadDevice { claim: describe(claim), device: device.to_string(), reason }
     }
@@ -275,9 +298,8 @@ impl Engine {
             let lock = GpuLock::new(&opts.state_dir, &info.uuid);
             gpus.push(GpuEntry { info, model, mode, slurm: s.clone(), lock });
         }
-        create_private_dir(&opts.state_dir).map_err(|e| {
-            PrepareError::Discovery(GpuError::Invalid(format!("failed to create {}: {e}", opts.state_dir.display())))
-        })?;
+        crate::files::create_dir(&opts.state_dir, 0o750)
+            .map_err(|source| PrepareError::StateDir { path: opts.state_dir.clone(), source })?;
         Ok(Self {
             store: CheckpointStore::new(&opts.state_dir),
             cdi: CdiWriter::new(&opts.cdi_dir, &opts.driver),
@@ -825,16 +847,6 @@ impl Engine {
         self.step(Step::GiDestroyed);
         Ok(())
     }
-}
-
-/// Create a directory (and its parents) readable by its owner's group only: 0750.
-fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if dir.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
 }
 
 /// Whether a checkpointed MIG device is this GI: by ID when recorded, else by its intent.

@@ -13,9 +13,10 @@
 use super::format::{decode, encode};
 use super::record::Checkpoint;
 use super::{Result, StateError};
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use crate::files::{self, Step};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -24,12 +25,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub const FILE_NAME: &str = "checkpoint.json";
 /// The lock file's name in the state directory.
 pub const LOCK_NAME: &str = "checkpoint.lock";
-/// Temp files are `<TMP_PREFIX><pid>-<n>`; [`CheckpointStore::load`] removes leftovers.
-const TMP_PREFIX: &str = ".checkpoint.json.tmp-";
-
-/// Distinguishes temp files of stores in one process.
-static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// What [`CheckpointStore::load`] found at startup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Loaded {
@@ -57,16 +52,6 @@ impl Loaded {
     }
 }
 
-/// The steps of an atomic write, for fault injection in tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WriteStep {
-    Create,
-    Write,
-    Sync,
-    Rename,
-    SyncDir,
-}
-
 /// `<state_dir>/checkpoint.json`, guarded by `<state_dir>/checkpoint.lock`.
 #[derive(Debug)]
 pub struct CheckpointStore {
@@ -75,7 +60,7 @@ pub struct CheckpointStore {
     lock_path: PathBuf,
     writes: AtomicU64,
     #[cfg(test)]
-    fault: std::sync::Mutex<Option<WriteStep>>,
+    fault: std::sync::Mutex<Option<Step>>,
 }
 
 impl CheckpointStore {
@@ -118,14 +103,14 @@ impl CheckpointStore {
     /// I/O errors only (permissions, EIO, a state directory that cannot be created).
     pub fn load(&self) -> Result<Loaded> {
         let _guard = self.lock()?;
-        self.remove_temp_files();
+        files::remove_temp_files(&self.path);
         match self.read_unlocked()? {
             None => Ok(Loaded::Fresh(Checkpoint::default())),
             Some(Ok(cp)) => Ok(Loaded::Ok(cp)),
             Some(Err(reason)) => {
                 let moved_to = self.corrupt_path();
                 fs::rename(&self.path, &moved_to).map_err(|e| self.io(&self.path, "move aside corrupt", e))?;
-                sync_dir(&self.dir).map_err(|e| self.io(&self.dir, "fsync", e))?;
+                files::sync_dir(&self.dir).map_err(|e| self.io(&self.dir, "fsync", e))?;
                 Ok(Loaded::Corrupt { checkpoint: Checkpoint::default(), moved_to, reason })
             }
         }
@@ -190,15 +175,7 @@ impl CheckpointStore {
 
     /// Hold the exclusive lock until the returned file is dropped. Creates the state directory.
     fn lock(&self) -> Result<File> {
-        if !self.dir.is_dir() {
-            // Set the mode explicitly too: the umask may have taken bits off.
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o750)
-                .create(&self.dir)
-                .and_then(|()| fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o750)))
-                .map_err(|e| self.io(&self.dir, "create directory", e))?;
-        }
+        files::create_dir(&self.dir, 0o750).map_err(|e| self.io(&self.dir, "create directory", e))?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -231,54 +208,10 @@ impl CheckpointStore {
     /// Write atomically; call with the lock held. Leaves no temp file behind on failure.
     fn write_unlocked(&self, checkpoint: &Checkpoint) -> Result<()> {
         let text = encode(checkpoint).map_err(StateError::Encode)?;
-        let (mut file, tmp) = self.create_temp()?;
-        let result = (|| -> Result<()> {
-            self.inject(WriteStep::Write)
-                .and_then(|()| file.write_all(text.as_bytes()))
-                .map_err(|e| self.io(&tmp, "write", e))?;
-            self.inject(WriteStep::Sync).and_then(|()| file.sync_all()).map_err(|e| self.io(&tmp, "fsync", e))?;
-            drop(file);
-            self.inject(WriteStep::Rename)
-                .and_then(|()| fs::rename(&tmp, &self.path))
-                .map_err(|e| self.io(&self.path, "rename temp file over", e))
-        })();
-        if let Err(e) = result {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
-        self.inject(WriteStep::SyncDir)
-            .and_then(|()| sync_dir(&self.dir))
-            .map_err(|e| self.io(&self.dir, "fsync", e))?;
+        files::write_atomic_with(&self.path, text.as_bytes(), 0o600, |step| self.inject(step))
+            .map_err(|e| StateError::Io { path: e.path, op: e.step.op(), source: e.source })?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// A new, empty temp file (mode 0600) beside the checkpoint, with a name no one else uses.
-    fn create_temp(&self) -> Result<(File, PathBuf)> {
-        let pid = std::process::id();
-        loop {
-            let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-            let tmp = self.dir.join(format!("{TMP_PREFIX}{pid}-{n}"));
-            let opened = self
-                .inject(WriteStep::Create)
-                .and_then(|()| OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp));
-            match opened {
-                Ok(file) => return Ok((file, tmp)),
-                // A leftover of an earlier process with our PID (PID 1 in every container).
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(self.io(&tmp, "create temp file", e)),
-            }
-        }
-    }
-
-    /// Remove temp files of crashed writes (best effort; call with the lock held).
-    fn remove_temp_files(&self) {
-        let Ok(entries) = fs::read_dir(&self.dir) else { return };
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
-                let _ = fs::remove_file(entry.path());
-            }
-        }
     }
 
     /// `checkpoint.json.corrupt-<unix seconds>`, with `-<n>` added if that exists already.
@@ -303,7 +236,7 @@ impl CheckpointStore {
     }
 
     #[cfg(test)]
-    fn inject(&self, step: WriteStep) -> io::Result<()> {
+    fn inject(&self, step: Step) -> io::Result<()> {
         match *self.fault.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
             Some(s) if s == step => Err(io::Error::other(format!("injected failure at {step:?}"))),
             _ => Ok(()),
@@ -311,14 +244,9 @@ impl CheckpointStore {
     }
 
     #[cfg(not(test))]
-    fn inject(&self, _step: WriteStep) -> io::Result<()> {
+    fn inject(&self, _step: Step) -> io::Result<()> {
         Ok(())
     }
-}
-
-/// fsync a directory, so a rename in it is durable.
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -326,6 +254,7 @@ mod tests {
     use super::*;
     use crate::state::record::tests::sample_claim;
     use crate::state::record::{ClaimRecord, ClaimState};
+    use std::os::unix::fs::PermissionsExt;
 
     fn store() -> (tempfile::TempDir, CheckpointStore) {
         let dir = tempfile::tempdir().unwrap();
@@ -596,7 +525,7 @@ mod tests {
         put(&store, "u1");
         let dir = store.path().parent().unwrap().to_path_buf();
         let before = fs::read(store.path()).unwrap();
-        for step in [WriteStep::Create, WriteStep::Write, WriteStep::Sync, WriteStep::Rename] {
+        for step in [Step::Create, Step::Write, Step::Sync, Step::Rename] {
             *store.fault.lock().unwrap() = Some(step);
             let err = store.update("boot-1", clear).unwrap_err();
             assert!(err.to_string().contains("injected failure"), "{err}");
@@ -606,7 +535,7 @@ mod tests {
             assert_eq!(fs::read(store.path()).unwrap(), before, "{step:?}");
         }
         // Failing to fsync the directory: the new file is in place but reported as not durable.
-        *store.fault.lock().unwrap() = Some(WriteStep::SyncDir);
+        *store.fault.lock().unwrap() = Some(Step::SyncDir);
         assert!(store.update("boot-1", clear).is_err());
         assert_eq!(entries(&dir), [FILE_NAME, LOCK_NAME]);
         *store.fault.lock().unwrap() = None;
@@ -659,7 +588,7 @@ mod tests {
         let (_tmp, store) = store();
         put(&store, "u1");
         let dir = store.path().parent().unwrap();
-        fs::write(dir.join(format!("{TMP_PREFIX}1-0")), "half").unwrap();
+        fs::write(dir.join(".checkpoint.json.tmp-1-0"), "half").unwrap();
         fs::write(dir.join("other"), "kept").unwrap();
         assert!(matches!(store.load().unwrap(), Loaded::Ok(_)));
         assert_eq!(entries(dir), [FILE_NAME, LOCK_NAME, "other"]);
