@@ -26,7 +26,7 @@ pub enum Step {
 }
 
 impl Step {
-    /// The operation, as an error message words it ("cannot <op> <path>").
+    /// The operation, as an error message words it (`cannot <op> <path>`).
     pub fn op(self) -> &'static str {
         match self {
             Self::Create => "create temp file",

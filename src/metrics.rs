@@ -103,7 +103,7 @@ impl Metrics {
         }
     }
 
-    /// Count one failed claim of `op` (`prepare` or `unprepare`) for `reason` (see [`reason`]).
+    /// Count one failed claim of `op` (`prepare` or `unprepare`) for `reason` (see [`PrepareError::reason`](crate::prepare::PrepareError::reason)).
     pub fn error(&self, op: &'static str, reason: &str) {
         let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         *errors.entry((op, reason.to_string())).or_default() += 1;
