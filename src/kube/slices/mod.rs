@@ -31,8 +31,8 @@
 //! that would push the name past 253 characters is cut and made unique again with a hash.
 
 use crate::mig::counters::{self, Counters};
-use crate::mig::devices::{self, AttributeValue, Device};
-use crate::names::{MAX_SUBDOMAIN_LEN, fnv1a64, is_dns_label, is_dns_subdomain};
+use crate::mig::devices::{AttributeValue, Device};
+use crate::names::{MAX_SUBDOMAIN_LEN, fnv1a64};
 use k8s_openapi::api::resource::v1 as api;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -403,7 +403,8 @@ pub fn build(
 mod tests {
     use super::*;
     use crate::mig::catalog::{GpuModel, model};
-    use crate::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
+    use crate::mig::devices::{self, GpuIdentity, GpuMode, gpu_devices};
+    use crate::names::{is_dns_label, is_dns_subdomain};
 
     pub(super) const DRIVER: &str = "mig.slinky.slurm.net";
     pub(super) const NODE: &str = "node-a";
