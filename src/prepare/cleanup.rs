@@ -14,7 +14,8 @@
 //! for instances, the checkpoint lock for specs and claims), so a claim the daemon is preparing
 //! right now is never touched. A dry run takes no lock and changes nothing.
 
-use super::{Engine, destroy_gi, holds};
+use super::Engine;
+use super::instances::{destroy_gi, holds};
 use crate::cdi;
 use crate::cdi::CdiError;
 use crate::gpu::GpuError;

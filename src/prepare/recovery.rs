@@ -10,7 +10,8 @@
 //! - MIG instances on dynamic GPUs that no claim explains are destroyed, kept or reported
 //!   (`--orphans`); instances on static GPUs are never touched.
 
-use super::{Engine, GpuEntry, PrepareError, destroy_gi, holds};
+use super::instances::{destroy_gi, holds};
+use super::{Engine, GpuEntry, PrepareError};
 use crate::cdi;
 use crate::gpu::NvmlCode;
 use crate::mig::devices::GpuMode;

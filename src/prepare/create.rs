@@ -1,0 +1,435 @@
+//! Prepare: make a claim's devices exist at exactly the allocated placements, write the CDI spec,
+//! checkpoint each step, and roll back within the same call whatever a failure leaves behind.
+
+use super::instances::{destroy_gi, holds};
+use super::plan::{self, PlannedDevice};
+use super::{Engine, PrepareError, PreparedDevice, Step, describe, describe_record, status_data};
+use crate::cdi;
+use crate::claims::{AllocationResult, ClaimRef};
+use crate::gpu::{GpuError, GpuInstance};
+use crate::slurm::{self, GpuSlurm};
+use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord, StateError};
+
+/// What one device of a claim holds on the hardware while a prepare runs, for rollback.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Held {
+    gi: Option<u32>,
+    ci: Option<u32>,
+}
+
+impl Engine {
+    /// Prepare a claim: make every allocated device of our driver exist and return its CDI IDs.
+    /// Idempotent: a completed claim returns its devices again without touching NVML.
+    ///
+    /// # Errors
+    /// Only this claim fails; whatever this call created has been destroyed again.
+    pub fn prepare(&self, claim: &ClaimRef, results: &[AllocationResult]) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let _claim = self.claims.lock(&claim.uid);
+        let who = describe(claim);
+        let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
+        let names: Vec<&str> = planned.iter().map(|p| p.device.as_str()).collect();
+        let ckpt = |source| PrepareError::Checkpoint { claim: who.clone(), source };
+
+        if let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(&claim.uid) {
+            same_allocation(&who, rec, &names)?;
+            if rec.state == ClaimState::PrepareCompleted && !rec.needs_recreate {
+                // The kubelet asks again when a container (re)starts: the runtime will resolve the
+                // IDs we return, so the spec behind them must still be there.
+                self.repair_spec(rec)?;
+                return Ok(self.prepared(rec));
+            }
+        }
+        let record =
+            self.store.update(&self.boot_id, |cp| self.start(cp, claim, &who, &planned, &names)).map_err(ckpt)??;
+        self.step(Step::PrepareStarted);
+
+        let mut held = vec![Held::default(); planned.len()];
+        match self.make(claim, &who, &planned, &record, &mut held) {
+            Ok(devices) => Ok(devices),
+            Err(e) => {
+                let rollback = self.rollback(claim, &planned, &held, &e.to_string());
+                Err(match rollback {
+                    Ok(()) => e,
+                    Err(r) => PrepareError::BadDevice {
+                        claim: who,
+                        device: "-".into(),
+                        reason: format!("{e}; rollback left instances behind, the next call retries: {r}"),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Inside the checkpoint lock: refuse devices held by other claims, then record the intent.
+    pub(super) fn start(
+        &self,
+        cp: &mut Checkpoint,
+        claim: &ClaimRef,
+        who: &str,
+        planned: &[PlannedDevice<'_>],
+        names: &[&str],
+    ) -> Result<ClaimRecord, PrepareError> {
+        for (uid, other) in cp.claims.iter().filter(|(uid, _)| **uid != claim.uid) {
+            if let Some(d) = other.devices.iter().find(|d| names.contains(&d.device.as_str())) {
+                return Err(PrepareError::DeviceInUse {
+                    claim: who.to_string(),
+                    device: d.device.clone(),
+                    other: format!("{}/{} ({uid})", other.namespace, other.name),
+                });
+            }
+            // Said here, with both claims named, rather than as NVML's bare INSUFFICIENT_RESOURCES.
+            for p in planned {
+                let Some(m) = &p.mig else { continue };
+                let (start, end) = (m.start, m.start + m.profile.memory_slices);
+                let held = other.devices.iter().find(|d| {
+                    d.gpu_uuid == p.gpu.info.uuid
+                        && d.mig.as_ref().is_some_and(|o| o.start < end && start < o.start + o.size)
+                });
+                if let Some(d) = held {
+                    return Err(PrepareError::Overlaps {
+                        claim: who.to_string(),
+                        device: p.device.clone(),
+                        held: d.device.clone(),
+                        other: format!("{}/{} ({uid})", other.namespace, other.name),
+                    });
+                }
+            }
+        }
+        let earlier = cp.claims.get(&claim.uid);
+        if let Some(rec) = earlier {
+            same_allocation(who, rec, names)?;
+        }
+        let devices = planned
+            .iter()
+            .map(|p| {
+                let before = earlier.and_then(|r| r.devices.iter().find(|d| d.device == p.device));
+                DeviceRecord {
+                    requests: p.requests.clone(),
+                    pool: self.opts.pool.clone(),
+                    device: p.device.clone(),
+                    gpu_uuid: p.gpu.info.uuid.clone(),
+                    pci_bus_id: p.gpu.info.pci_bus_id.clone(),
+                    gpu_minor: p.gpu.info.minor,
+                    gpu_index: p.gpu.info.index,
+                    mig: p.mig.as_ref().map(|m| {
+                        let intent =
+                            MigRecord::intent(m.owner, m.profile.id, &m.profile.name, m.start, m.profile.memory_slices);
+                        // Keep what an earlier attempt made, if it was for the same partition.
+                        before.and_then(|b| b.mig.clone()).filter(|k| k.forgotten() == intent).unwrap_or(intent)
+                    }),
+                    cdi_ids: Vec::new(),
+                }
+            })
+            .collect();
+        let record = ClaimRecord {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            state: ClaimState::PrepareStarted,
+            devices,
+            needs_recreate: earlier.is_some_and(|r| r.needs_recreate),
+            last_error: None,
+        };
+        cp.claims.insert(claim.uid.clone(), record.clone());
+        Ok(record)
+    }
+
+    /// Create (or adopt) every device, write the CDI spec, complete the claim.
+    pub(super) fn make(
+        &self,
+        claim: &ClaimRef,
+        who: &str,
+        planned: &[PlannedDevice<'_>],
+        record: &ClaimRecord,
+        held: &mut [Held],
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let mut devices = record.devices.clone();
+        for (i, p) in planned.iter().enumerate() {
+            if let Some(m) = &record.devices[i].mig {
+                devices[i].mig = Some(self.ensure_mig(claim, who, i, p, m, &mut held[i])?);
+            }
+        }
+        let cdi_devices = self.spec_devices(who, &claim.uid, &devices)?;
+        let ids = self
+            .cdi
+            .write(&claim.uid, &cdi_devices)
+            .map_err(|source| PrepareError::Cdi { claim: who.into(), source })?;
+        self.step(Step::CdiWritten);
+        let done = self
+            .update_claim(who, &claim.uid, |rec| {
+                rec.state = ClaimState::PrepareCompleted;
+                rec.needs_recreate = false;
+                for (d, id) in rec.devices.iter_mut().zip(&ids) {
+                    d.cdi_ids = vec![id.clone()];
+                }
+            })?
+            .unwrap_or_else(|| record.clone());
+        self.step(Step::PrepareCompleted);
+        Ok(self.prepared(&done))
+    }
+
+    /// The CDI devices of a claim's spec, from what its record says was made. Reads NVML only for
+    /// the nvidia-caps major.
+    pub(super) fn spec_devices(
+        &self,
+        who: &str,
+        uid: &str,
+        devices: &[DeviceRecord],
+    ) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
+        let mut caps_major = None;
+        let mut out = Vec::with_capacity(devices.len());
+        for d in devices {
+            let name = cdi::device_name(uid, &d.device);
+            out.push(match &d.mig {
+                None => cdi::gpu_device(name, d.gpu_minor, &d.gpu_uuid),
+                Some(m) => {
+                    let major = match caps_major {
+                        Some(major) => major,
+                        None => *caps_major.insert(
+                            self.nvml(who, &d.device, "read the nvidia-caps major", || self.backend.caps_major())?,
+                        ),
+                    };
+                    cdi::mig_device(
+                        name,
+                        d.gpu_minor,
+                        m.uuid.as_deref().unwrap_or_default(),
+                        m.gi_cap_minor.unwrap_or_default(),
+                        m.ci_cap_minor.unwrap_or_default(),
+                        major,
+                    )
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Make a prepared claim's spec on disk what its record says, rewriting a deleted or changed
+    /// one; returns what the file was before.
+    ///
+    /// # Errors
+    /// The spec cannot be written.
+    pub(crate) fn repair_spec(&self, rec: &ClaimRecord) -> Result<cdi::SpecState, PrepareError> {
+        let who = describe_record(rec);
+        let devices = self.spec_devices(&who, &rec.uid, &rec.devices)?;
+        let (_, state) =
+            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
+        if state != cdi::SpecState::Intact {
+            tracing::warn!(claim = %who, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
+        }
+        Ok(state)
+    }
+
+    /// Make one MIG device exist and return its record with IDs, UUID and capability minors.
+    pub(super) fn ensure_mig(
+        &self,
+        claim: &ClaimRef,
+        who: &str,
+        i: usize,
+        p: &PlannedDevice<'_>,
+        m: &MigRecord,
+        held: &mut Held,
+    ) -> Result<MigRecord, PrepareError> {
+        let gpu = p.gpu;
+        let uuid = gpu.info.uuid.as_str();
+        let dev = p.device.as_str();
+        let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
+            claim: who.into(),
+            device: dev.into(),
+            source,
+        })?;
+        let gis = self.nvml(who, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+        let at_placement = gis.iter().find(|g| g.profile_id == m.profile_id && g.start == m.start);
+        let mut m = m.clone();
+        let gi = match (at_placement, m.owner) {
+            (Some(g), MigOwner::Static) => g.id,
+            (None, MigOwner::Static) => {
+                return Err(PrepareError::bad(
+                    claim,
+                    dev,
+                    format!("no {} instance at placement {} exists on this static-MIG GPU", m.profile, m.start),
+                ));
+            }
+            (Some(g), MigOwner::Dynamic) => {
+                if let Some(other) = self
+                    .holder(uuid, g, &claim.uid)
+                    .map_err(|source| PrepareError::Checkpoint { claim: who.into(), source })?
+                {
+                    return Err(PrepareError::DeviceInUse { claim: who.into(), device: dev.into(), other });
+                }
+                // Ours from an earlier attempt that crashed after creating it: adopt it.
+                g.id
+            }
+            (None, MigOwner::Dynamic) => {
+                let g = self.nvml(who, dev, "create the GPU instance", || {
+                    self.backend.create_gpu_instance(uuid, m.profile_id, m.start)
+                })?;
+                held.gi = Some(g.id);
+                self.step(Step::GiCreated);
+                g.id
+            }
+        };
+        held.gi = Some(gi);
+        if m.gi_id != Some(gi) {
+            m.gi_id = Some(gi);
+            m.ci_id = None;
+            m.uuid = None;
+            self.record_mig(who, &claim.uid, i, &m)?;
+            self.step(Step::GiRecorded);
+        }
+        let cis = self.nvml(who, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
+        let ci = match cis.into_iter().next() {
+            Some(ci) => ci,
+            None if m.owner == MigOwner::Static => {
+                return Err(PrepareError::bad(claim, dev, format!("static GPU instance {gi} has no compute instance")));
+            }
+            None => {
+                let ci_profile =
+                    p.mig.as_ref().and_then(|pm| pm.profile.default_ci()).map(|c| c.id).unwrap_or_default();
+                let ci = self.nvml(who, dev, "create the compute instance", || {
+                    self.backend.create_compute_instance(uuid, gi, ci_profile)
+                })?;
+                held.ci = Some(ci.id);
+                self.step(Step::CiCreated);
+                ci
+            }
+        };
+        held.ci = Some(ci.id);
+        let (gi_cap, ci_cap) = self.nvml(who, dev, "read the capability minors", || {
+            self.backend.mig_capability_minors(gpu.info.minor, gi, ci.id)
+        })?;
+        if m.ci_id != Some(ci.id) || m.uuid.as_deref() != Some(ci.uuid.as_str()) || m.ci_cap_minor != Some(ci_cap) {
+            m.ci_id = Some(ci.id);
+            m.uuid = Some(ci.uuid.clone());
+            m.gi_cap_minor = Some(gi_cap);
+            m.ci_cap_minor = Some(ci_cap);
+            self.record_mig(who, &claim.uid, i, &m)?;
+            self.step(Step::CiRecorded);
+        }
+        Ok(m)
+    }
+
+    /// The claim (other than `uid`) whose checkpoint entry holds this GI, if any.
+    pub(super) fn holder(&self, gpu_uuid: &str, gi: &GpuInstance, uid: &str) -> Result<Option<String>, StateError> {
+        let cp = self.store.read()?;
+        Ok(cp.claims.values().filter(|c| c.uid != uid).find_map(|c| {
+            c.devices
+                .iter()
+                .any(|d| d.gpu_uuid == gpu_uuid && d.mig.as_ref().is_some_and(|m| holds(m, gi)))
+                .then(|| describe_record(c))
+        }))
+    }
+
+    pub(super) fn record_mig(&self, who: &str, uid: &str, i: usize, m: &MigRecord) -> Result<(), PrepareError> {
+        self.update_claim(who, uid, |rec| {
+            if let Some(d) = rec.devices.get_mut(i) {
+                d.mig = Some(m.clone());
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Change one claim's record under the checkpoint lock; `None` when the claim is gone.
+    pub(super) fn update_claim(
+        &self,
+        who: &str,
+        uid: &str,
+        f: impl FnOnce(&mut ClaimRecord),
+    ) -> Result<Option<ClaimRecord>, PrepareError> {
+        let r = self.store.update(&self.boot_id, |cp| {
+            Ok::<_, std::convert::Infallible>(cp.claims.get_mut(uid).map(|rec| {
+                f(rec);
+                rec.clone()
+            }))
+        });
+        match r {
+            Ok(Ok(rec)) => Ok(rec),
+            Ok(Err(never)) => match never {},
+            Err(source) => Err(PrepareError::Checkpoint { claim: who.into(), source }),
+        }
+    }
+
+    pub(super) fn nvml<T>(
+        &self,
+        who: &str,
+        device: &str,
+        step: &'static str,
+        f: impl FnOnce() -> Result<T, GpuError>,
+    ) -> Result<T, PrepareError> {
+        f().map_err(|source| PrepareError::Nvml { claim: who.into(), device: device.into(), step, source })
+    }
+
+    /// Undo a failed prepare: destroy the instances this claim holds (CI, then GI), delete its
+    /// CDI spec and drop it from the checkpoint. If something cannot be destroyed the claim stays
+    /// in the checkpoint with the error, so the next prepare or unprepare finishes the job.
+    pub(super) fn rollback(
+        &self,
+        claim: &ClaimRef,
+        planned: &[PlannedDevice<'_>],
+        held: &[Held],
+        error: &str,
+    ) -> Result<(), String> {
+        let mut left = Vec::new();
+        for (p, h) in planned.iter().zip(held).rev() {
+            if p.mig.as_ref().is_none_or(|m| m.owner != MigOwner::Dynamic) {
+                continue;
+            }
+            let Some(gi) = h.gi else { continue };
+            let uuid = p.gpu.info.uuid.as_str();
+            let Ok(_guard) = p.gpu.lock.lock(self.opts.lock_timeout) else {
+                left.push(format!("{}: GPU lock", p.device));
+                continue;
+            };
+            if let Err(e) = destroy_gi(self.backend.as_ref(), uuid, gi, h.ci) {
+                left.push(format!("{}: {e}", p.device));
+            }
+        }
+        let _ = self.cdi.remove(&claim.uid);
+        let error = error.to_string();
+        let outcome = self.store.update(&self.boot_id, |cp| {
+            if left.is_empty() {
+                cp.claims.remove(&claim.uid);
+            } else if let Some(rec) = cp.claims.get_mut(&claim.uid) {
+                rec.last_error = Some(error);
+            }
+            Ok::<_, std::convert::Infallible>(())
+        });
+        if let Err(e) = outcome {
+            left.push(format!("checkpoint: {e}"));
+        }
+        if left.is_empty() { Ok(()) } else { Err(left.join("; ")) }
+    }
+
+    pub(super) fn prepared(&self, rec: &ClaimRecord) -> Vec<PreparedDevice> {
+        rec.devices
+            .iter()
+            .map(|d| {
+                let unknown = GpuSlurm {
+                    index: Some(d.gpu_index),
+                    source: slurm::Source::Nvml,
+                    shards: 1,
+                    memory_slices: 1,
+                    migs: Vec::new(),
+                };
+                let slurm = self.gpu(&d.gpu_uuid).map_or(&unknown, |g| &g.slurm);
+                PreparedDevice {
+                    requests: d.requests.clone(),
+                    pool: d.pool.clone(),
+                    device: d.device.clone(),
+                    cdi_ids: d.cdi_ids.clone(),
+                    status: status_data(d, slurm),
+                }
+            })
+            .collect()
+    }
+}
+
+fn same_allocation(who: &str, rec: &ClaimRecord, names: &[&str]) -> Result<(), PrepareError> {
+    let mut was: Vec<&str> = rec.devices.iter().map(|d| d.device.as_str()).collect();
+    let mut now = names.to_vec();
+    was.sort_unstable();
+    now.sort_unstable();
+    if was == now {
+        return Ok(());
+    }
+    Err(PrepareError::AllocationChanged { claim: who.to_string(), was: was.join(", "), now: now.join(", ") })
+}

@@ -1,0 +1,71 @@
+//! Why a prepare or unprepare failed, and the class each failure is counted under.
+
+use crate::cdi::CdiError;
+use crate::claims::ClaimRef;
+use crate::gpu::GpuError;
+use crate::state::{ClaimRecord, StateError};
+use std::path::PathBuf;
+
+/// Per-claim failure. Messages name the claim, the device and the NVML error.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("claim {claim}: device {device}: {reason}")]
+    BadDevice { claim: String, device: String, reason: String },
+    #[error("claim {claim}: device {device} is already prepared for claim {other}")]
+    DeviceInUse { claim: String, device: String, other: String },
+    #[error(
+        "claim {claim}: device {device} overlaps {held}, prepared for claim {other}; the scheduler allocated both, so the node's slices or the allocation are stale"
+    )]
+    Overlaps { claim: String, device: String, held: String, other: String },
+    #[error("claim {claim}: its allocation changed from [{was}] to [{now}] under the same UID; unprepare it first")]
+    AllocationChanged { claim: String, was: String, now: String },
+    #[error("claim {claim}: device {device}: failed to {step}: {source}")]
+    Nvml { claim: String, device: String, step: &'static str, source: GpuError },
+    #[error("claim {claim}: {source}")]
+    Cdi { claim: String, source: CdiError },
+    #[error("claim {claim}: checkpoint: {source}")]
+    Checkpoint { claim: String, source: StateError },
+    #[error("claim {claim}: device {device}: GPU is busy: {source}")]
+    Busy { claim: String, device: String, source: std::io::Error },
+    #[error("failed to discover GPUs: {0}")]
+    Discovery(GpuError),
+    #[error("cannot create the state directory {}: {source}", path.display())]
+    StateDir { path: PathBuf, source: std::io::Error },
+}
+
+impl PrepareError {
+    /// The fixed label a failure is counted under in `migdra_errors_total`: `bad-device`,
+    /// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`,
+    /// `checkpoint`, `timeout` (a GPU lock held too long), `discovery`, `state-dir`.
+    pub fn reason(&self) -> String {
+        match self {
+            Self::BadDevice { .. } => "bad-device".into(),
+            Self::DeviceInUse { .. } => "device-in-use".into(),
+            Self::Overlaps { .. } => "overlaps".into(),
+            Self::AllocationChanged { .. } => "allocation-changed".into(),
+            Self::Nvml { source, .. } => match source.code() {
+                Some(code) => format!("nvml-{}", code.name()),
+                None => "nvml".into(),
+            },
+            Self::Cdi { .. } => "cdi".into(),
+            Self::Checkpoint { .. } => "checkpoint".into(),
+            Self::Busy { .. } => "timeout".into(),
+            Self::Discovery(_) => "discovery".into(),
+            Self::StateDir { .. } => "state-dir".into(),
+        }
+    }
+
+    pub(super) fn bad(claim: &ClaimRef, device: &str, reason: String) -> Self {
+        Self::BadDevice { claim: describe(claim), device: device.to_string(), reason }
+    }
+}
+
+/// `namespace/name (uid)`.
+pub(super) fn describe(claim: &ClaimRef) -> String {
+    format!("{}/{} ({})", claim.namespace, claim.name, claim.uid)
+}
+
+/// The same, for a claim the checkpoint holds.
+pub(super) fn describe_record(rec: &ClaimRecord) -> String {
+    format!("{}/{} ({})", rec.namespace, rec.name, rec.uid)
+}

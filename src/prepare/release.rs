@@ -1,0 +1,89 @@
+//! Unprepare: delete the claim's CDI spec, destroy its dynamic instances (CI, then GI) after
+//! checking they are still the ones it made, and forget the claim.
+
+use super::instances::{gone_ok, holds};
+use super::{Engine, PrepareError, Step, describe_record};
+use crate::gpu::NvmlCode;
+use crate::state::{ClaimState, DeviceRecord, MigOwner, MigRecord};
+
+impl Engine {
+    /// Unprepare a claim: delete its CDI spec, destroy its dynamic instances (CI, then GI), forget
+    /// it. An unknown claim succeeds.
+    ///
+    /// # Errors
+    /// NVML refuses a destroy (e.g. IN_USE); the claim stays UnprepareStarted for the retry.
+    pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
+        let _claim = self.claims.lock(uid);
+        let ckpt = |source| PrepareError::Checkpoint { claim: uid.to_string(), source };
+        let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(uid).cloned() else {
+            return Ok(());
+        };
+        let who = describe_record(&rec);
+        if rec.state != ClaimState::UnprepareStarted {
+            self.update_claim(&who, uid, |r| r.state = ClaimState::UnprepareStarted)?;
+            self.step(Step::UnprepareStarted);
+        }
+        self.cdi.remove(uid).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
+        self.step(Step::CdiDeleted);
+        for (i, d) in rec.devices.iter().enumerate().rev() {
+            let Some(m) = d.mig.as_ref().filter(|m| m.owner == MigOwner::Dynamic) else { continue };
+            if let Err(e) = self.release(uid, &who, d, m) {
+                let _ = self.update_claim(&who, uid, |r| r.last_error = Some(e.to_string()));
+                return Err(e);
+            }
+            self.record_mig(&who, uid, i, &m.forgotten())?;
+        }
+        self.store
+            .update(&self.boot_id, |cp| {
+                cp.claims.remove(uid);
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .map_err(ckpt)?
+            .unwrap_or_else(|never| match never {});
+        self.step(Step::ClaimDropped);
+        Ok(())
+    }
+
+    /// Destroy one dynamic instance of a claim, after checking it is still the one we made: same
+    /// profile and placement, and held by no other claim (GI IDs are reused by the driver).
+    pub(super) fn release(&self, uid: &str, who: &str, d: &DeviceRecord, m: &MigRecord) -> Result<(), PrepareError> {
+        let Some(gpu) = self.gpu(&d.gpu_uuid) else { return Ok(()) };
+        let uuid = gpu.info.uuid.as_str();
+        let dev = d.device.as_str();
+        let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
+            claim: who.into(),
+            device: dev.into(),
+            source,
+        })?;
+        let gis = match self.backend.gpu_instances(uuid) {
+            Err(e) if e.code() == Some(NvmlCode::NotSupported) => return Ok(()),
+            r => self.nvml(who, dev, "list GPU instances", || r)?,
+        };
+        let Some(gi) = gis.iter().find(|g| holds(m, g)) else { return Ok(()) };
+        let other =
+            self.holder(uuid, gi, uid).map_err(|source| PrepareError::Checkpoint { claim: who.into(), source })?;
+        if other.is_some() {
+            return Ok(());
+        }
+        let cis = self.nvml(who, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?;
+        for ci in cis {
+            gone_ok(self.backend.destroy_compute_instance(uuid, gi.id, ci.id)).map_err(|source| {
+                PrepareError::Nvml {
+                    claim: who.into(),
+                    device: dev.into(),
+                    step: "destroy the compute instance",
+                    source,
+                }
+            })?;
+            self.step(Step::CiDestroyed);
+        }
+        gone_ok(self.backend.destroy_gpu_instance(uuid, gi.id)).map_err(|source| PrepareError::Nvml {
+            claim: who.into(),
+            device: dev.into(),
+            step: "destroy the GPU instance",
+            source,
+        })?;
+        self.step(Step::GiDestroyed);
+        Ok(())
+    }
+}

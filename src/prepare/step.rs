@@ -1,0 +1,95 @@
+//! The points of prepare and unprepare where a test may stop the process, and the hook that
+//! reaches them.
+
+use super::Engine;
+use std::sync::Arc;
+
+/// A point in prepare or unprepare, right after a checkpoint write or an NVML mutation. Tests
+/// kill the process (or panic) there to prove recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    PrepareStarted,
+    GiCreated,
+    GiRecorded,
+    CiCreated,
+    CiRecorded,
+    CdiWritten,
+    PrepareCompleted,
+    UnprepareStarted,
+    CdiDeleted,
+    CiDestroyed,
+    GiDestroyed,
+    ClaimDropped,
+}
+
+impl Step {
+    pub const ALL: [Step; 12] = [
+        Self::PrepareStarted,
+        Self::GiCreated,
+        Self::GiRecorded,
+        Self::CiCreated,
+        Self::CiRecorded,
+        Self::CdiWritten,
+        Self::PrepareCompleted,
+        Self::UnprepareStarted,
+        Self::CdiDeleted,
+        Self::CiDestroyed,
+        Self::GiDestroyed,
+        Self::ClaimDropped,
+    ];
+
+    /// kebab-case name, as `MIGDRA_CRASH_AT` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PrepareStarted => "prepare-started",
+            Self::GiCreated => "gi-created",
+            Self::GiRecorded => "gi-recorded",
+            Self::CiCreated => "ci-created",
+            Self::CiRecorded => "ci-recorded",
+            Self::CdiWritten => "cdi-written",
+            Self::PrepareCompleted => "prepare-completed",
+            Self::UnprepareStarted => "unprepare-started",
+            Self::CdiDeleted => "cdi-deleted",
+            Self::CiDestroyed => "ci-destroyed",
+            Self::GiDestroyed => "gi-destroyed",
+            Self::ClaimDropped => "claim-dropped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s.trim())
+    }
+}
+
+/// Called at every [`Step`].
+pub type Hook = Arc<dyn Fn(Step) + Send + Sync>;
+
+impl Engine {
+    /// Call `hook` at every [`Step`] (tests use it to crash there).
+    pub fn with_hook(mut self, hook: Hook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    pub(super) fn step(&self, step: Step) {
+        if let Some(hook) = &self.hook {
+            hook(step);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_step_round_trips_through_its_name() {
+        for step in Step::ALL {
+            assert_eq!(Step::parse(step.name()), Some(step));
+        }
+        assert_eq!(Step::parse(" gi-created "), Some(Step::GiCreated));
+        assert_eq!(Step::parse("GiCreated"), None);
+        let names: std::collections::HashSet<_> = Step::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names.len(), Step::ALL.len());
+    }
+}
