@@ -609,7 +609,7 @@ fn best_fit(gpus: &[Gpu], live: &[String], profile: &str) -> bool {
 /// free device of that profile whose counters fit, walking the published slices by name (1.36+)
 /// and each slice's devices in published order. `None` for a whole GPU (not modelled) or no fit.
 fn model_choice(published: &[ResourceSlice], gpus: &[Gpu], allocated: &[String], profile: &str) -> Option<String> {
-    use migdra::packing::model::{Dev, Node, Rng, SliceOrder, first_fit};
+    use migdra::packing::allocator::{Dev, Node, Rng, SliceOrder, first_fit};
     let mig: Vec<&Gpu> = gpus.iter().filter(|g| g.mig).collect();
     let model = mig.first()?.model;
     let p = model.profile_by_name(profile)?;

@@ -63,7 +63,7 @@ const fn call(
 const RESOURCE: &str = "resource.k8s.io";
 const PUBLISHER: &str = "src/kube/publisher.rs";
 const CLAIMS: &str = "src/kube/claims.rs";
-const STATUS: &str = "src/kube/status.rs";
+const STATUS: &str = "src/kube/claim_status.rs";
 const EVENTS: &str = "src/kube/events.rs";
 
 /// Every resource request migdra makes.

@@ -6,16 +6,16 @@
 //! - [`inventory`]: the node's GPUs as the slice builder takes them, read from the prepare engine.
 //! - [`publisher`]: publishes the slices and repairs drift.
 //! - [`claims`]: the claim source backed by the API server.
-//! - [`status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
+//! - [`claim_status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
 //! - [`events`]: Warning events on failed claims and on the Node.
 
 pub mod api_calls;
+pub mod claim_status;
 pub mod claims;
 pub mod events;
 pub mod inventory;
 pub mod publisher;
 pub mod slices;
-pub mod status;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! the same shape the catalog uses, so the rest of migdra cannot tell the two apart.
 
 use super::catalog::{Evidence, GpuModel};
-use super::models::gi;
+use super::profile::gi;
 use thiserror::Error;
 
 /// What NVML reports about a whole GPU and its GPU instance profiles.

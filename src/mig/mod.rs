@@ -7,5 +7,6 @@ pub mod devices;
 pub mod discovered;
 mod models;
 pub mod naming;
+mod profile;
 pub mod proof;
 pub mod rules;

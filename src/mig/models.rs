@@ -3,7 +3,7 @@
 //! Every number here is a fact from that file (section given per model). Rows it marks as
 //! inferred or unverified carry `Evidence::Inferred`/`Unverified` and a note saying why.
 
-use super::catalog::{CiProfile, Engines, Evidence, GiProfile, GpuModel, MediaEngines};
+use super::profile::{Evidence, GpuModel, gi};
 
 /// Every model migdra knows, in the order `migdra profiles` lists them.
 pub(super) fn all() -> Vec<GpuModel> {
@@ -27,87 +27,6 @@ const EVEN4: &[u32] = &[0, 2, 4, 6];
 const EVEN3: &[u32] = &[0, 2, 4];
 const HALVES: &[u32] = &[0, 4];
 const WHOLE: &[u32] = &[0];
-
-/// A GPU instance profile row as lgip prints it: engines are `[CE, DEC, ENC, JPG, OFA]`.
-#[allow(clippy::too_many_arguments)] // mirrors one lgip row, column for column
-pub(super) fn gi(
-    name: &str,
-    index: u32,
-    id: u32,
-    compute_slices: u32,
-    memory_slices: u32,
-    max_instances: u32,
-    memory_mib: u64,
-    multiprocessors: u32,
-    [copy, decoders, encoders, jpeg, ofa]: [u32; 5],
-    placements: &[u32],
-) -> GiProfile {
-    let media = if name.ends_with("+me.all") {
-        MediaEngines::AllMe
-    } else if name.ends_with("+me") {
-        MediaEngines::Me
-    } else if name.ends_with("-me") {
-        MediaEngines::NoMe
-    } else {
-        MediaEngines::Standard
-    };
-    GiProfile {
-        name: name.to_string(),
-        index,
-        id,
-        compute_slices,
-        memory_slices,
-        memory_mib,
-        max_instances,
-        multiprocessors,
-        engines: Engines { copy, decoders, encoders, jpeg, ofa },
-        media,
-        gfx: name.ends_with("+gfx"),
-        placements: placements.to_vec(),
-        ci_profiles: ci_profiles(name, compute_slices, multiprocessors),
-        evidence: Evidence::Observed,
-        note: String::new(),
-    }
-}
-
-impl GiProfile {
-    /// Mark a row as not fully observed, saying what was inferred from what.
-    fn marked(mut self, evidence: Evidence, note: &str) -> Self {
-        self.evidence = evidence;
-        self.note = note.to_string();
-        self
-    }
-}
-
-/// Compute-instance profiles inside a GI of `g` compute slices (docs/facts/mig-nvml.md §1.11): CI ID = NVML CI
-/// profile index; the default CI spans the GI. Counts follow A100's lcip; SMs split evenly.
-pub(super) fn ci_profiles(gi_name: &str, g: u32, gi_sm: u32) -> Vec<CiProfile> {
-    // (CI compute slices, CI profile ID, instances per GI) for each GI size.
-    let table: &[(u32, u32, u32)] = match g {
-        1 => &[(1, 0, 1)],
-        2 => &[(1, 0, 2), (2, 1, 1)],
-        3 => &[(1, 0, 3), (2, 1, 1), (3, 2, 1)],
-        4 => &[(1, 0, 4), (2, 1, 2), (4, 3, 1)],
-        7 => &[(1, 0, 7), (2, 1, 3), (3, 2, 2), (4, 3, 1), (7, 4, 1)],
-        _ => &[],
-    };
-    let base = gi_name.split(['+', '-']).next().unwrap_or(gi_name);
-    table
-        .iter()
-        .map(|&(c, id, count)| {
-            let is_default = c == g;
-            CiProfile {
-                name: if is_default { gi_name.to_string() } else { format!("{c}c.{base}") },
-                id,
-                compute_slices: c,
-                max_instances: count,
-                multiprocessors: if is_default { gi_sm } else { gi_sm / g * c },
-                is_default,
-                evidence: if is_default { Evidence::Observed } else { Evidence::Inferred },
-            }
-        })
-        .collect()
-}
 
 /// H100 80GB SXM (docs/facts/mig-nvml.md §1.4): real lgip from several drivers plus lgipp; newer-driver memory.
 fn h100_80gb() -> GpuModel {

@@ -5,7 +5,7 @@
 //! not queued). The load is requests per GPU per mean lifetime. Every request asks for one
 //! partition of one profile; the first `warmup` arrivals fill the node and are not counted.
 
-use super::model::{self, Dev, Node, Rng, SliceOrder};
+use super::allocator::{self, Dev, Node, Rng, SliceOrder};
 use super::policy::{self, Policy};
 use crate::mig::catalog::GpuModel;
 use std::cmp::Ordering;
@@ -174,7 +174,7 @@ pub fn run(workload: &Workload, setup: Setup, seed: u64) -> Stats {
         }
         let (profile_id, large, name) = &profiles[k];
         let published = policy::publish(&node, setup.policy, *profile_id);
-        let chosen = model::first_fit(&node, &published, *profile_id, setup.slice_order, &mut shuffles);
+        let chosen = allocator::first_fit(&node, &published, *profile_id, setup.slice_order, &mut shuffles);
         if i < workload.warmup {
             if let Some(dev) = chosen {
                 node.allocate(dev);

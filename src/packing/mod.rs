@@ -7,7 +7,7 @@
 //! sorted by name from 1.36. So the published order decides the placement, and with it how
 //! fragmented the GPUs get.
 //!
-//! - [`model`]: the node's allocations, the counter check (exactly [`crate::mig::counters`]) and
+//! - [`allocator`]: the node's allocations, the counter check (exactly [`crate::mig::counters`]) and
 //!   the allocator: first fit over slices in random or name order.
 //! - [`policy`]: device orders: (a) ascending placements (NVIDIA's driver, the anchor), (b) a
 //!   static order that packs small profiles from the end of the GPU and keeps the start free for
@@ -17,10 +17,10 @@
 //! - [`churn`]: the reference workload (Poisson arrivals, exponential lifetimes, a profile mix),
 //!   run through the model, with acceptance and fragmentation.
 
+pub mod allocator;
 pub mod churn;
-pub mod model;
 pub mod policy;
 
+pub use allocator::{Dev, Node, SliceOrder};
 pub use churn::{Stats, Workload};
-pub use model::{Dev, Node, SliceOrder};
 pub use policy::{DeviceOrder, Policy};

@@ -11,7 +11,7 @@
 //!   enough for one-device requests; a request for several devices of one profile may find fewer
 //!   published than fit, so (d) is a study, not a default.
 
-use super::model::{Dev, Node};
+use super::allocator::{Dev, Node};
 use crate::mig::catalog::{GiProfile, GpuModel, MediaEngines};
 use crate::mig::devices::Device;
 use crate::mig::naming::DeviceName;
@@ -213,7 +213,7 @@ mod tests {
     use super::*;
     use crate::mig::catalog::model;
     use crate::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
-    use crate::packing::model::Rng;
+    use crate::packing::allocator::Rng;
     use std::collections::BTreeSet;
 
     fn h100() -> &'static GpuModel {

@@ -11,8 +11,9 @@
 //!
 //! Files: `create` (prepare and its rollback), `release` (unprepare), `instances` (the MIG helpers
 //! prepare, unprepare, recovery and cleanup share), `step` (the points tests stop at), `error`,
-//! `plan` (an allocation checked against the node), `recovery`, `cleanup`, `locks`, `status`.
+//! `plan` (an allocation checked against the node), `recovery`, `cleanup`, `locks`, `bridge_data` (what slurm-bridge reads per device).
 
+mod bridge_data;
 mod cleanup;
 mod create;
 mod error;
@@ -21,13 +22,12 @@ mod locks;
 mod plan;
 mod recovery;
 mod release;
-mod status;
 mod step;
 
+pub use bridge_data::{DeviceStatusData, Placement, status_data};
 pub use cleanup::{BrokenSpec, CleanupError, CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
 pub use error::PrepareError;
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
-pub use status::{DeviceStatusData, Placement, status_data};
 pub use step::{Hook, Step};
 
 use crate::cdi::CdiWriter;
