@@ -10,7 +10,7 @@ use super::codes::{from_raw, from_wrapper};
 use super::ffi;
 use crate::gpu::{GpuError, NvmlCode, Result};
 use crate::mig::catalog::{self, Evidence, GpuModel};
-use crate::mig::discovered::{NvmlDescription, NvmlProfile, architecture, describe_from_nvml, model_key};
+use crate::mig::discovered::{NvmlDescription, architecture, describe_from_nvml, model_key};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
@@ -108,29 +108,15 @@ pub fn model(nvml: &Nvml, dev: &Device, id: &Identity) -> Result<GpuModel> {
 fn describe(nvml: &Nvml, dev: &Device, id: &Identity) -> Result<NvmlDescription> {
     let mut profiles = Vec::new();
     for index in 0..PROFILE_INDEXES {
-        let info = match ffi::gi_profile_info(nvml, dev, index) {
-            Ok(info) => info,
+        let mut profile = match ffi::gi_profile_info(nvml, dev, index) {
+            Ok(profile) => profile,
             Err(e) if matches!(NvmlCode::from_value(e.ret), NvmlCode::NotSupported | NvmlCode::InvalidArgument) => {
                 continue;
             }
             Err(e) => return Err(from_raw(e, &id.uuid)),
         };
-        let placements = ffi::gi_possible_placements(nvml, dev, info.id).map_err(|e| from_raw(e, &id.uuid))?;
-        profiles.push(NvmlProfile {
-            index,
-            id: info.id,
-            slice_count: info.slice_count,
-            instance_count: info.instance_count,
-            multiprocessor_count: info.multiprocessor_count,
-            copy_engine_count: info.copy_engine_count,
-            decoder_count: info.decoder_count,
-            encoder_count: info.encoder_count,
-            jpeg_count: info.jpeg_count,
-            ofa_count: info.ofa_count,
-            memory_size_mb: info.memory_size_mb,
-            name: info.name,
-            placements,
-        });
+        profile.placements = ffi::gi_possible_placements(nvml, dev, profile.id).map_err(|e| from_raw(e, &id.uuid))?;
+        profiles.push(profile);
     }
     Ok(NvmlDescription {
         name: id.name.clone(),

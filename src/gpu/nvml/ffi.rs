@@ -8,6 +8,7 @@
 //! handles are opaque pointers; they are only passed back to NVML within one backend call.
 #![allow(unsafe_code)]
 
+use crate::mig::discovered::NvmlProfile;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_v2_t,
@@ -126,26 +127,31 @@ fn c_string(buf: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// `nvmlGpuInstanceProfileInfo_v2/v3_t`, whichever the driver accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GiProfileInfo {
-    pub id: u32,
-    pub slice_count: u32,
-    pub instance_count: u32,
-    pub multiprocessor_count: u32,
-    pub copy_engine_count: u32,
-    pub decoder_count: u32,
-    pub encoder_count: u32,
-    pub jpeg_count: u32,
-    pub ofa_count: u32,
-    pub memory_size_mb: u64,
-    /// e.g. `MIG 1g.10gb`.
-    pub name: String,
+/// The profile of NVML's v2 or v3 info struct (same field names), placements still to be asked.
+macro_rules! nvml_profile {
+    ($info:expr, $index:expr) => {
+        NvmlProfile {
+            index: $index,
+            id: $info.id,
+            slice_count: $info.sliceCount,
+            instance_count: $info.instanceCount,
+            multiprocessor_count: $info.multiprocessorCount,
+            copy_engine_count: $info.copyEngineCount,
+            decoder_count: $info.decoderCount,
+            encoder_count: $info.encoderCount,
+            jpeg_count: $info.jpegCount,
+            ofa_count: $info.ofaCount,
+            memory_size_mb: $info.memorySizeMB,
+            name: c_string(&$info.name),
+            placements: Vec::new(),
+        }
+    };
 }
 
 /// GetGpuInstanceProfileInfoV for a profile *index*: version 3 first, then version 2 for
 /// drivers that reject it (INVALID_ARGUMENT or ARGUMENT_VERSION_MISMATCH for the version).
-pub fn gi_profile_info(nvml: &Nvml, dev: &Device, index: u32) -> RawResult<GiProfileInfo> {
+/// The profile's placements are left empty for [`gi_possible_placements`].
+pub fn gi_profile_info(nvml: &Nvml, dev: &Device, index: u32) -> RawResult<NvmlProfile> {
     let call = "nvmlDeviceGetGpuInstanceProfileInfoV";
     let f = sym!(nvml, nvmlDeviceGetGpuInstanceProfileInfoV);
     let dev = handle(dev);
@@ -156,19 +162,7 @@ pub fn gi_profile_info(nvml: &Nvml, dev: &Device, index: u32) -> RawResult<GiPro
     // (152 bytes, the same as v2, whose pointer type the binding declares).
     let ret = unsafe { f(dev, index, (&raw mut v3).cast()) };
     if ret == SUCCESS {
-        return Ok(GiProfileInfo {
-            id: v3.id,
-            slice_count: v3.sliceCount,
-            instance_count: v3.instanceCount,
-            multiprocessor_count: v3.multiprocessorCount,
-            copy_engine_count: v3.copyEngineCount,
-            decoder_count: v3.decoderCount,
-            encoder_count: v3.encoderCount,
-            jpeg_count: v3.jpegCount,
-            ofa_count: v3.ofaCount,
-            memory_size_mb: v3.memorySizeMB,
-            name: c_string(&v3.name),
-        });
+        return Ok(nvml_profile!(v3, index));
     }
     if ret != INVALID_ARGUMENT && ret != ARGUMENT_VERSION_MISMATCH {
         return Err(RawError { call, ret });
@@ -182,19 +176,7 @@ pub fn gi_profile_info(nvml: &Nvml, dev: &Device, index: u32) -> RawResult<GiPro
         // The first answer says more (a bad index is INVALID_ARGUMENT in both).
         return Err(RawError { call, ret });
     }
-    Ok(GiProfileInfo {
-        id: v2.id,
-        slice_count: v2.sliceCount,
-        instance_count: v2.instanceCount,
-        multiprocessor_count: v2.multiprocessorCount,
-        copy_engine_count: v2.copyEngineCount,
-        decoder_count: v2.decoderCount,
-        encoder_count: v2.encoderCount,
-        jpeg_count: v2.jpegCount,
-        ofa_count: v2.ofaCount,
-        memory_size_mb: v2.memorySizeMB,
-        name: c_string(&v2.name),
-    })
+    Ok(nvml_profile!(v2, index))
 }
 
 /// GetGpuInstancePossiblePlacements_v2: `(start, size)` in memory slices.
