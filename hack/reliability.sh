@@ -19,12 +19,12 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 
 # Build first, so the time bound below is the tests' alone.
-cargo test --no-run --locked --test reliability --test fuzz --quiet
+cargo test --no-run --locked --features crash-points --test reliability --test fuzz --quiet
 started=$(date +%s)
 status=0
 MIGDRA_FUZZ_SECONDS="$fuzz_seconds" MIGDRA_FUZZ_CASES="${MIGDRA_FUZZ_CASES:-256}" \
     timeout --kill-after=10 "$limit" \
-    cargo test --locked --test reliability --test fuzz -- --nocapture --test-threads=2 >"$log" 2>&1 || status=$?
+    cargo test --locked --features crash-points --test reliability --test fuzz -- --nocapture --test-threads=2 >"$log" 2>&1 || status=$?
 took=$(($(date +%s) - started))
 
 if [ "$status" -ne 0 ]; then

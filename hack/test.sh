@@ -30,6 +30,6 @@ if [[ -z ${MIGDRA_KUBELET_134_BIN:-} ]]; then
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --locked --workspace --lib --bins --tests -- --show-output 2>&1 | tee "$log"
+cargo test --locked --workspace --features migdra/crash-points --lib --bins --tests -- --show-output 2>&1 | tee "$log"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"

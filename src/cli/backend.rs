@@ -5,7 +5,7 @@ use crate::gpu::GpuBackend;
 use crate::gpu::nvml::{NvmlBackend, NvmlOptions};
 use crate::gpu::procfs::Procfs;
 use crate::gpu::sim::{SimBackend, SimSpec};
-use crate::prepare::{Engine, Options, Step};
+use crate::prepare::{Engine, Options};
 use std::sync::Arc;
 
 /// The simulator the flags name. `--sim-state` alone reopens an existing file; with `--sim` too,
@@ -65,7 +65,7 @@ pub fn node_name(global: &Global) -> String {
     })
 }
 
-/// The prepare engine the flags describe, with the `MIGDRA_CRASH_AT` test hook.
+/// The prepare engine the flags describe (with the crash points of test builds).
 pub fn engine(global: &Global) -> Result<Engine, CliError> {
     engine_with_events(global, true)
 }
@@ -115,23 +115,32 @@ pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliEr
     }
     let backend: Arc<dyn GpuBackend> = Arc::from(open_with_events(global, events)?);
     let engine = Engine::new(backend, opts).map_err(|e| CliError::Failed(e.to_string()))?;
-    Ok(match std::env::var("MIGDRA_CRASH_AT") {
-        Ok(step) => {
-            let step = Step::parse(&step).ok_or_else(|| {
-                let names: Vec<&str> = Step::ALL.iter().map(|s| s.name()).collect();
-                CliError::Usage(format!("MIGDRA_CRASH_AT={step:?} is not a step; valid: {}", names.join(", ")))
-            })?;
-            engine.with_hook(Arc::new(move |s| {
-                if s == step {
-                    // SIGKILL from outside the process, as an OOM kill or node drain would: no
-                    // unwinding, no destructors, no rollback. The signal lands while this thread
-                    // waits for `kill` to exit, so at the step; abort if `kill` cannot run.
-                    let _ =
-                        std::process::Command::new("kill").args(["-KILL", &std::process::id().to_string()]).status();
-                    std::process::abort();
-                }
-            }))
+    crash_points(engine)
+}
+
+/// `MIGDRA_CRASH_AT=<step>` makes the process SIGKILL itself right after that step, so tests can
+/// prove recovery from a crash at every point. Only in builds with the `crash-points` feature
+/// (the tests enable it): a shipped binary must not let an environment variable kill it.
+#[cfg(feature = "crash-points")]
+fn crash_points(engine: Engine) -> Result<Engine, CliError> {
+    let Ok(step) = std::env::var("MIGDRA_CRASH_AT") else { return Ok(engine) };
+    use crate::prepare::Step;
+    let step = Step::parse(&step).ok_or_else(|| {
+        let names: Vec<&str> = Step::ALL.iter().map(|s| s.name()).collect();
+        CliError::Usage(format!("MIGDRA_CRASH_AT={step:?} is not a step; valid: {}", names.join(", ")))
+    })?;
+    Ok(engine.with_hook(Arc::new(move |s| {
+        if s == step {
+            // SIGKILL from outside the process, as an OOM kill or node drain would: no
+            // unwinding, no destructors, no rollback. The signal lands while this thread
+            // waits for `kill` to exit, so at the step; abort if `kill` cannot run.
+            let _ = std::process::Command::new("kill").args(["-KILL", &std::process::id().to_string()]).status();
+            std::process::abort();
         }
-        Err(_) => engine,
-    })
+    })))
+}
+
+#[cfg(not(feature = "crash-points"))]
+fn crash_points(engine: Engine) -> Result<Engine, CliError> {
+    Ok(engine)
 }

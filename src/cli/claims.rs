@@ -1,8 +1,8 @@
 //! `migdra claims`: what the checkpoint holds, and prepare/unprepare/recover by hand.
 //!
 //! Safe next to a running daemon: the engine takes the same per-GPU and checkpoint locks.
-//! `MIGDRA_CRASH_AT=<step>` aborts the process right after that step, so tests can prove that
-//! a kill at any point converges (steps: prepare-started, gi-created, gi-recorded, ci-created,
+//! In builds with the `crash-points` feature (the tests'), `MIGDRA_CRASH_AT=<step>` kills the
+//! process right after that step, so tests can prove that a kill at any point converges (steps: prepare-started, gi-created, gi-recorded, ci-created,
 //! ci-recorded, cdi-written, prepare-completed, unprepare-started, cdi-deleted, ci-destroyed,
 //! gi-destroyed, claim-dropped).
 

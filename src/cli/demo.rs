@@ -152,7 +152,6 @@ fn day(args: &Args, dir: &Path, out: &mut dyn Write) -> CliResult {
         .args(["--node-name", NODE, "--grace", "5s"])
         .env_remove("POD_UID")
         .env_remove("MIGDRA_SIM_FAULTS")
-        .env_remove("MIGDRA_CRASH_AT")
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -5,9 +5,9 @@
 
 use super::{CliError, CliResult, Global, backend};
 use crate::claims::{ClaimSource, DirSource};
+use crate::kube::claim_status::{StatusReporter, StatusWriter};
 use crate::kube::claims::KubeClaimSource;
 use crate::kube::publisher::Publisher;
-use crate::kube::claim_status::{StatusReporter, StatusWriter};
 use crate::kubelet::{self, Driver, PluginConfig, PluginState, SocketPaths};
 use std::sync::Arc;
 use std::time::Duration;
