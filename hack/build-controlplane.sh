@@ -25,8 +25,9 @@ hack=$(cd "$(dirname "$0")" && pwd)
 kube_mod=$(cd "${1:-$hack/controlplane}" && pwd)
 etcd_mod=$hack/etcd
 
-die() { echo "build-controlplane: $*" >&2; exit 1; }
-log() { echo "build-controlplane: $*" >&2; }
+me=build-controlplane
+# shellcheck source=hack/lib.sh
+source "$hack/lib.sh"
 
 command -v go >/dev/null || die "go is not on PATH; the control plane is built from Go modules (needs Go >= 1.26)"
 
@@ -54,30 +55,7 @@ all_there() {
 	for c in "${components[@]}"; do [[ -x $bin/$c ]] || return 1; done
 }
 
-if all_there; then
-	log "${components[*]}: already in $bin"
-	echo "$bin"
-	exit 0
-fi
-
-mkdir -p "$bin"
-# Two runs at once (say a test run and CI) must not both build into the same place.
-if command -v flock >/dev/null; then
-	exec 9>"$bin/.lock"
-	flock 9
-	if all_there; then
-		log "${components[*]}: already in $bin (built by another run)"
-		echo "$bin"
-		exit 0
-	fi
-fi
-
-export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
-export CGO_ENABLED=0
-# -mod=readonly: build exactly what go.mod and go.sum pin; fail rather than re-resolve.
-# -buildvcs=false: do not stamp this repo's git state into their binaries.
-export GOFLAGS="-mod=readonly -buildvcs=false"
-log "go: $(go version); GOTOOLCHAIN=$GOTOOLCHAIN"
+enter_go_cache "$bin" "${components[*]}" "$bin" all_there
 
 # Version stamps as Kubernetes' own build sets them (hack/lib/version.sh), so that --version and
 # /version say v1.x.y rather than v0.0.0-master. buildDate is the release's time in the proxy.

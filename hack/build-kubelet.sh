@@ -22,8 +22,9 @@ set -euo pipefail
 hack=$(cd "$(dirname "$0")" && pwd)
 mod=$(cd "${1:-$hack/kubelet}" && pwd)
 
-die() { echo "build-kubelet: $*" >&2; exit 1; }
-log() { echo "build-kubelet: $*" >&2; }
+me=build-kubelet
+# shellcheck source=hack/lib.sh
+source "$hack/lib.sh"
 
 command -v go >/dev/null || die "go is not on PATH; migdra-kubelet is built from Go modules (needs Go >= 1.26)"
 
@@ -41,30 +42,7 @@ cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
 bin=$cache/kubelet-$kube_version-$hash/bin
 name=migdra-kubelet
 
-if [[ -x $bin/$name ]]; then
-	log "$name ($kube_version): already in $bin"
-	echo "$bin"
-	exit 0
-fi
-
-mkdir -p "$bin"
-# Two runs at once (say a test run and CI) must not both build into the same place.
-if command -v flock >/dev/null; then
-	exec 9>"$bin/.lock"
-	flock 9
-	if [[ -x $bin/$name ]]; then
-		log "$name ($kube_version): already in $bin (built by another run)"
-		echo "$bin"
-		exit 0
-	fi
-fi
-
-export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
-export CGO_ENABLED=0
-# -mod=readonly: build exactly what go.mod and go.sum pin; fail rather than re-resolve.
-# -buildvcs=false: do not stamp this repo's git state into the binary.
-export GOFLAGS="-mod=readonly -buildvcs=false"
-log "go: $(go version); GOTOOLCHAIN=$GOTOOLCHAIN"
+enter_go_cache "$bin" "$name ($kube_version)" "$bin" test -x "$bin/$name"
 log "$name: building ${mod#"$hack/"} against k8s.io/kubernetes $kube_version ..."
 start=$SECONDS
 tmp=$bin/.$name.tmp

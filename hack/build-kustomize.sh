@@ -17,8 +17,9 @@ set -euo pipefail
 hack=$(cd "$(dirname "$0")" && pwd)
 mod=$hack/kustomize
 
-die() { echo "build-kustomize: $*" >&2; exit 1; }
-log() { echo "build-kustomize: $*" >&2; }
+me=build-kustomize
+# shellcheck source=hack/lib.sh
+source "$hack/lib.sh"
 
 command -v go >/dev/null || die "go is not on PATH; kustomize is built from its Go module (needs Go >= 1.26)"
 
@@ -28,30 +29,7 @@ version=$(awk '$1 == "require" && $2 == "sigs.k8s.io/kustomize/kustomize/v5" { p
 
 bin=${MIGDRA_CACHE:-$HOME/.cache/migdra}/kustomize-$version/bin
 out=$bin/kustomize
-if [[ -x $out ]]; then
-	log "kustomize $version: already in $bin"
-	echo "$out"
-	exit 0
-fi
-
-mkdir -p "$bin"
-# Two runs at once (say a test run and CI) must not both build into the same place.
-if command -v flock >/dev/null; then
-	exec 9>"$bin/.lock"
-	flock 9
-	if [[ -x $out ]]; then
-		log "kustomize $version: already in $bin (built by another run)"
-		echo "$out"
-		exit 0
-	fi
-fi
-
-export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
-export CGO_ENABLED=0
-# -mod=readonly: build exactly what go.mod and go.sum pin; fail rather than re-resolve.
-# -buildvcs=false: do not stamp this repo's git state into the binary.
-export GOFLAGS="-mod=readonly -buildvcs=false"
-log "go: $(go version); GOTOOLCHAIN=$GOTOOLCHAIN"
+enter_go_cache "$bin" "kustomize $version" "$out" test -x "$out"
 log "kustomize $version: building ..."
 start=$SECONDS
 tmp=$bin/.kustomize.tmp
