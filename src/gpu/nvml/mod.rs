@@ -308,14 +308,7 @@ impl GpuBackend for NvmlBackend {
             let cap = LIST_CAPACITY.max(p.instance_count as usize);
             for ci in ffi::compute_instances(&self.nvml, gi, p.id, cap).map_err(|e| from_raw(e, &k.uuid))? {
                 let info = ffi::ci_info(&self.nvml, ci).map_err(|e| from_raw(e, &k.uuid))?;
-                out.push(ComputeInstance {
-                    id: info.id,
-                    gi_id,
-                    profile_id: info.profile_id,
-                    start: info.start,
-                    size: info.size,
-                    uuid: info.uuid,
-                });
+                out.push(compute_instance(info, gi_id));
             }
         }
         out.sort_by_key(|c| c.id);
@@ -335,14 +328,7 @@ impl GpuBackend for NvmlBackend {
         };
         let ci = ffi::create_ci(&self.nvml, gi, profile.id).map_err(|e| from_raw(e, &k.uuid))?;
         match ffi::ci_info(&self.nvml, ci) {
-            Ok(info) => Ok(ComputeInstance {
-                id: info.id,
-                gi_id,
-                profile_id: info.profile_id,
-                start: info.start,
-                size: info.size,
-                uuid: info.uuid,
-            }),
+            Ok(info) => Ok(compute_instance(info, gi_id)),
             Err(e) => {
                 // Without its UUID the CI is useless to the caller; do not leak it.
                 let _ = ffi::destroy_ci(&self.nvml, ci);
@@ -373,6 +359,18 @@ impl GpuBackend for NvmlBackend {
 
     fn unhealthy_reason(&self, gpu: &str, gi: Option<u32>) -> Option<String> {
         self.health.reason(&self.resolve(gpu).ok()?.uuid, gi)
+    }
+}
+
+/// The backend's view of a CI NVML described.
+fn compute_instance(info: ffi::CiInfo, gi_id: u32) -> ComputeInstance {
+    ComputeInstance {
+        id: info.id,
+        gi_id,
+        profile_id: info.profile_id,
+        start: info.start,
+        size: info.size,
+        uuid: info.uuid,
     }
 }
 
