@@ -267,3 +267,57 @@ fn prepare_one(
     span.record("device", names.join(","));
     engine.prepare(claim, &found.results).map_err(ClaimFailure::Prepare)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claims::{Claim, Result as ClaimResult};
+    use crate::gpu::GpuBackend;
+    use crate::gpu::sim::{SimBackend, SimSpec};
+    use crate::prepare::Options;
+
+    /// A claim source that must never be asked: the request is refused before any lookup.
+    struct Unreachable;
+
+    impl ClaimSource for Unreachable {
+        fn get(&self, claim: &ClaimRef) -> ClaimResult<Option<Claim>> {
+            panic!("looked up {claim} although the request was malformed");
+        }
+    }
+
+    #[test]
+    fn a_malformed_reference_is_refused_before_any_lookup_or_gpu_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(SimBackend::in_memory_seeded(&SimSpec::parse("h100-80gb:1").unwrap(), 1));
+        let opts = Options::new("mig.slinky.slurm.net", "node-a", dir.path().join("state"), dir.path().join("cdi"));
+        let engine = Engine::new(sim.clone(), opts).unwrap();
+        let uid = "0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b";
+        let cases = [
+            (ClaimRef::new("", "ml", "c"), "empty UID"),
+            (ClaimRef::new("../../etc", "ml", "c"), "invalid claim UID \"../../etc\""),
+            (ClaimRef::new("UPPER", "ml", "c"), "invalid claim UID \"UPPER\""),
+            (ClaimRef::new(uid, "Bad_NS", "c"), "invalid claim namespace \"Bad_NS\""),
+            (ClaimRef::new(uid, "ml", "a..b"), "invalid claim name \"a..b\""),
+            (ClaimRef::new(uid, "", "c"), "empty name or namespace"),
+        ];
+        for (claim, want) in cases {
+            let err = prepare_one(&engine, &Unreachable, &claim, &tracing::Span::none()).unwrap_err();
+            assert_eq!(err.reason(), "bad-request", "{claim:?}");
+            assert!(err.to_string().contains(want), "{claim:?}: {err}");
+        }
+        let gpu = sim.gpus().unwrap()[0].uuid.clone();
+        assert!(sim.gpu_instances(&gpu).unwrap().is_empty(), "no GPU instance was created");
+        assert!(engine.checkpoint().unwrap().claims.is_empty(), "nothing was checkpointed");
+    }
+
+    #[test]
+    fn failures_carry_their_metrics_reason() {
+        let claim = ClaimRef::new("u", "ml", "c");
+        assert_eq!(ClaimFailure::NotFound(claim.clone()).reason(), "claim-not-found");
+        assert_eq!(ClaimFailure::NotFound(claim).to_string(), "claim ml/c (u) is not known to the claim source");
+        let lookup = ClaimError::NotAllocated { claim: "ml/c (u)".into(), file: "API server".into() };
+        assert_eq!(ClaimFailure::Lookup(lookup).reason(), "claim-lookup");
+        let busy = PrepareError::Busy { claim: "x".into(), device: "gpu-0".into(), source: std::io::Error::other("t") };
+        assert_eq!(ClaimFailure::Prepare(busy).reason(), "timeout");
+    }
+}
