@@ -5,7 +5,9 @@
 //!
 //! - (a) every relative markdown link resolves to a file or directory of the repository, and its
 //!   `#anchor` to a heading of the target (GitHub's slugs);
-//! - (b) every `docs/...` path named in the code or the docs exists;
+//! - (b) every `docs/...` path named in the code or the docs exists, and every file of the
+//!   repository a markdown file names by its path (`src/…`, `tests/…`, `hack/…` with an
+//!   extension), so a rename cannot leave the docs pointing at nothing;
 //! - (c) every `docs/facts/<file>.md §N[.M]` citation names a heading of that file that starts
 //!   with that number (a bare `§N` right after such a citation, or inside a facts file, counts as
 //!   the same file);
@@ -259,6 +261,30 @@ impl Check {
     }
 
     /// (b), (c) and (d) on every line of a file, markdown or source.
+    /// (b) for markdown: files named by their repository path. The facts name upstream
+    /// projects' files (`src/plugins/…` of Slurm), so they are left out.
+    fn repo_paths(&mut self, file: &Path, text: &str) {
+        if file.starts_with("docs/facts") {
+            return;
+        }
+        const ROOTS: [&str; 6] = ["src/", "tests/", "hack/", "benches/", "daemonset/", "proto/"];
+        for (n, line) in text.lines().enumerate() {
+            for root in ROOTS {
+                for (start, _) in line.match_indices(root) {
+                    if line[..start].chars().next_back().is_some_and(is_path_char) {
+                        continue;
+                    }
+                    let len = line[start..].find(|c: char| !is_path_char(c)).unwrap_or(line.len() - start);
+                    let path = line[start..start + len].trim_end_matches(['.', ',']);
+                    let named_file = Path::new(path).extension().is_some_and(|e| e.len() <= 5);
+                    if named_file && !self.root.join(path).exists() {
+                        self.fail(file, n + 1, format!("names a file that does not exist: {path}"));
+                    }
+                }
+            }
+        }
+    }
+
     fn citations(&mut self, file: &Path, text: &str, markdown: bool) {
         let own_facts = file.starts_with("docs/facts") && markdown;
         // The facts file the last citation named, and on which line: a bare `§N` within the next
@@ -444,6 +470,7 @@ fn every_link_and_citation_resolves() {
     for file in &markdown {
         let Some(text) = check.text(file) else { continue };
         check.links(file, &text);
+        check.repo_paths(file, &text);
         check.citations(file, &text, true);
     }
     for file in &sources {
