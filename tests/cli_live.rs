@@ -4,9 +4,9 @@
 //! and change nothing unless told; `cleanup` finds orphans, stale CDI specs and lost claims and
 //! fixes them only without `--dry-run`, never touching a static GPU.
 
-mod fake_nvml;
+mod support;
 
-use fake_nvml::FakeNode;
+use support::fake_nvml::FakeNode;
 use migdra::gpu::GpuBackend;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};

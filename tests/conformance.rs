@@ -7,9 +7,9 @@
 //! on: discovery equal to the hardware, exact placements, NVML's error codes, MIG UUIDs, health
 //! from XIDs, capability minors and the boot ID.
 
-mod fake_nvml;
+mod support;
 
-use fake_nvml::{FAKE_CAPS_MAJOR, FakeNode};
+use support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode};
 use migdra::gpu::sim::{Fault, SimBackend, SimSpec};
 use migdra::gpu::{GpuBackend, GpuError, GpuInstance, NvmlCode, SIM_CAPS_MAJOR, capability_minors, xid};
 use migdra::mig::catalog;

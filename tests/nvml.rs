@@ -4,9 +4,9 @@
 //! call nothing that changes a GPU; older drivers and GPUs the catalog does not know still work;
 //! a node without a driver fails at start with one clear line.
 
-mod fake_nvml;
+mod support;
 
-use fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
+use support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
 use migdra::claims::ClaimRef;
 use migdra::gpu::nvml::NvmlBackend;
 use migdra::gpu::nvml::discovery::same_partitions;

@@ -3,7 +3,7 @@
 //! running, fails what it cannot do with a clear error, and recovers by itself.
 
 use crate::common::{DRIVER, NAMESPACE, NODE, Node, claim, figure, uid};
-use crate::support::apiserver::{ApiServer, Fault, FaultKind};
+use crate::support::fake_apiserver::{ApiServer, Fault, FaultKind};
 use migdra::kubelet::client::{TestKubelet, Version};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};

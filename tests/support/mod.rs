@@ -4,6 +4,7 @@
 //! are expected and must not fail `clippy -D warnings`.
 #![allow(dead_code)]
 
-pub mod apiserver;
+pub mod fake_apiserver;
+pub mod fake_nvml;
 pub mod controlplane;
 pub mod kubelet_code;

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::apiserver::{ApiServer, Options};
+use support::fake_apiserver::{ApiServer, Options};
 
 const DRIVER: &str = "mig.slinky.slurm.net";
 const NODE: &str = "node-a";
@@ -353,7 +353,7 @@ async fn a_minute_long_outage_converges_by_itself() {
 /// Publishing problems show on the Node as a Warning event, and clear up by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishing_problems_are_reported_on_the_node() {
-    use support::apiserver::{Fault, FaultKind};
+    use support::fake_apiserver::{Fault, FaultKind};
     let api = ApiServer::start().await;
     api.fault(Fault {
         method: Some(hyper::Method::POST),
