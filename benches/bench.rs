@@ -1,4 +1,4 @@
-//! migdra's performance figures, each printed next to its target (issue 11).
+//! migdra's performance figures, each printed next to its target.
 //!
 //! 1. Prepare/unprepare latency over the real Unix socket: a `migdra serve` child on the
 //!    in-memory simulator (no NVML latency), claims from files, checkpoint and CDI fsyncs on a
@@ -7,7 +7,7 @@
 //!    against one claim, and against NVIDIA's design (every prepare behind one node lock).
 //! 3. Footprint: RSS idle and after a prepare/unprepare storm; time from start to registered.
 //! 4. Slice publication for 16 H100s: objects, bytes, time to build and encode.
-//! 5. Packing: the issue's churn workload through the allocator model, per device order.
+//! 5. Packing: the reference churn workload through the allocator model, per device order.
 //!
 //! Full run (by hand, a few minutes): `cargo bench --bench bench`
 //! Short run (CI): `cargo bench --bench bench -- --quick`
@@ -17,6 +17,9 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a bench prints its figures
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use migdra::claims::ClaimRef;
 use migdra::kube::slices::{self, GpuSlices, Layout};
 use migdra::kubelet::client::{TestKubelet, Version};
@@ -25,12 +28,13 @@ use migdra::mig::counters;
 use migdra::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
 use migdra::packing::churn::{self, Setup, Workload};
 use migdra::packing::{Policy, SliceOrder};
-use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use support::DRIVER;
+use support::claim::{Claim, uid};
+use support::daemon::Daemon;
+use support::node::NodeDir;
 
-const DRIVER: &str = "mig.slinky.slurm.net";
 const NODE: &str = "bench-node";
 const NAMESPACE: &str = "bench";
 const MIB: f64 = 1024.0 * 1024.0;
@@ -111,127 +115,43 @@ fn cpus() -> usize {
 // A node: a `migdra serve` child on the in-memory simulator, claims from files.
 // ------------------------------------------------------------------------------------------
 
-struct Node {
-    dir: PathBuf,
-    _tmp: Option<tempfile::TempDir>,
+/// A node of eight simulated H100s, in the daemon's memory, whose files live under `base` (a
+/// real disk, or tmpfs).
+fn node(base: &Path) -> NodeDir {
+    NodeDir::under(base).named(NODE).in_memory("h100-80gb:8")
 }
 
-struct Daemon {
-    child: Child,
-    registration: PathBuf,
-    log: PathBuf,
+/// Claim `n`, allocated to `device`, written as a file; its reference.
+fn write_claim(node: &NodeDir, n: u32, device: &str) -> ClaimRef {
+    let claim = Claim::new(uid(n)).named(format!("claim-{n}")).in_namespace(NAMESPACE).device(NODE, device);
+    node.write(&claim);
+    claim.reference()
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// `migdra serve` without the health service, `faults` injected into the simulator; registered.
+async fn serve(node: &NodeDir, faults: Option<&str>) -> (Daemon, TestKubelet) {
+    std::fs::create_dir_all(node.claims_dir()).expect("claims directory");
+    let serve = node.serve().default_intervals().args(["--health", "false"]);
+    match faults {
+        Some(f) => serve.env("MIGDRA_SIM_FAULTS", f),
+        None => serve,
     }
+    .registered()
+    .await
 }
 
-fn migdra() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (key, _) in std::env::vars_os() {
-        if let Some(k) = key.to_str()
-            && (k.starts_with("MIGDRA_") || k == "POD_UID" || k == "NODE_NAME" || k == "KUBECONFIG")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-impl Node {
-    /// A node whose files live under `base` (a real disk, or tmpfs).
-    fn new(base: &Path) -> Self {
-        let tmp = tempfile::Builder::new().prefix("migdra-bench-").tempdir_in(base).expect("a temporary directory");
-        Self { dir: tmp.path().to_path_buf(), _tmp: Some(tmp) }
-    }
-
-    fn claim_uid(n: u32) -> String {
-        format!("6d696764-7261-4265-8e63-{n:012}")
-    }
-
-    /// A ResourceClaim file as the API server returns it, allocated to `device`.
-    fn write_claim(&self, n: u32, device: &str) -> ClaimRef {
-        let uid = Self::claim_uid(n);
-        let object = json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": format!("claim-{n}"), "namespace": NAMESPACE, "uid": uid},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-            ]}}}
-        });
-        let dir = self.dir.join("claims");
-        std::fs::create_dir_all(&dir).expect("claims directory");
-        std::fs::write(dir.join(format!("{uid}.json")), object.to_string()).expect("claim file");
-        ClaimRef { uid, namespace: NAMESPACE.into(), name: format!("claim-{n}") }
-    }
-
-    fn spawn(&self, sim: &str, faults: Option<&str>) -> Daemon {
-        let d = &self.dir;
-        std::fs::create_dir_all(d.join("claims")).expect("claims directory");
-        let log = d.join("daemon.log");
-        let mut cmd = migdra();
-        cmd.arg("serve")
-            .args(["--sim", sim, "--node-name", NODE, "--health", "false"])
-            .arg("--claims-dir")
-            .arg(d.join("claims"))
-            .arg("--state-dir")
-            .arg(d.join("state"))
-            .arg("--cdi-dir")
-            .arg(d.join("cdi"))
-            .arg("--plugin-dir")
-            .arg(d.join("plugin"))
-            .arg("--registry-dir")
-            .arg(d.join("registry"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"));
-        if let Some(f) = faults {
-            cmd.env("MIGDRA_SIM_FAULTS", f);
-        }
-        Daemon {
-            child: cmd.spawn().expect("migdra serve starts"),
-            registration: d.join("registry").join(format!("{DRIVER}-reg.sock")),
-            log,
-        }
-    }
-}
-
-impl Daemon {
-    /// Register as the kubelet does, as soon as the registration socket answers.
-    async fn register(&mut self) -> TestKubelet {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("child status") {
-                panic!("migdra serve exited ({status}):\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
-            }
-            if std::os::unix::net::UnixStream::connect(&self.registration).is_ok()
-                && let Ok(k) = TestKubelet::register(&self.registration).await
-            {
-                return k;
-            }
-            assert!(Instant::now() < deadline, "migdra serve did not register within 20 s");
-            tokio::time::sleep(Duration::from_micros(500)).await;
-        }
-    }
-
-    /// (VmRSS, VmHWM) in bytes.
-    fn rss(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-                .map_or(0, |kb| kb * 1024)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
+/// (VmRSS, VmHWM) of process `pid`, in bytes.
+fn rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
 }
 
 async fn prepare_ok(k: &TestKubelet, c: &ClaimRef) {
@@ -271,11 +191,11 @@ async fn latency(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         bases.push(("tmpfs", PathBuf::from("/dev/shm")));
     }
     for (what, base) in bases {
-        let node = Node::new(&base);
+        let node = node(&base);
         // Seven 1g partitions on GPU minor 0 take turns, so each prepare creates a new instance.
-        let claims: Vec<ClaimRef> = (0..7).map(|s| node.write_claim(s, &format!("gpu-0-mig-1g10gb-19-{s}"))).collect();
-        let mut daemon = node.spawn("h100-80gb:8", None);
-        let k = daemon.register().await;
+        let claims: Vec<ClaimRef> =
+            (0..7).map(|s| write_claim(&node, s, &format!("gpu-0-mig-1g10gb-19-{s}"))).collect();
+        let (daemon, k) = serve(&node, None).await;
         for c in &claims {
             prepare_ok(&k, c).await;
             unprepare_ok(&k, c).await;
@@ -298,8 +218,8 @@ async fn latency(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         prep.sort_unstable();
         unprep.sort_unstable();
         empty.sort_unstable();
-        let fs = fs_type(&node.dir);
-        let floor = durable_writes(&node.dir, iterations);
+        let fs = fs_type(node.path());
+        let floor = durable_writes(node.path(), iterations);
         println!("  files on {what} ({fs}), {iterations} cycles of one 1g claim:");
         println!(
             "    the disk's floor, one durable file write (write, fsync, rename, fsync dir): p50 {}  p99 {}",
@@ -366,16 +286,15 @@ fn fs_type(p: &Path) -> String {
 // 2. Parallelism
 // ------------------------------------------------------------------------------------------
 
-/// GI create about 300 ms, destroy about 1 s (the issue's figures for real hardware).
+/// GI create about 300 ms, destroy about 1 s: what NVML takes on real hardware.
 const NVML_LATENCY: &str = "create-gi=delay:300ms,destroy-gi=delay:1s";
 
 async fn parallelism(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
     println!("\n== 2. parallelism: 8 claims on 8 GPUs, NVML latency {NVML_LATENCY}");
-    let node = Node::new(&std::env::temp_dir());
+    let node = node(&std::env::temp_dir());
     // One 3g claim per GPU (minors 0..7 are the eight GPUs, in some index order).
-    let claims: Vec<ClaimRef> = (0..8).map(|m| node.write_claim(m, &format!("gpu-{m}-mig-3g40gb-9-0"))).collect();
-    let mut daemon = node.spawn("h100-80gb:8", Some(NVML_LATENCY));
-    let k = daemon.register().await;
+    let claims: Vec<ClaimRef> = (0..8).map(|m| write_claim(&node, m, &format!("gpu-{m}-mig-3g40gb-9-0"))).collect();
+    let (daemon, k) = serve(&node, Some(NVML_LATENCY)).await;
 
     // One claim alone.
     let t = Instant::now();
@@ -443,10 +362,9 @@ async fn footprint(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
     let starts = if o.quick { 3 } else { 10 };
     let mut times = Vec::new();
     for _ in 0..starts {
-        let node = Node::new(&std::env::temp_dir());
+        let node = node(&std::env::temp_dir());
         let t = Instant::now();
-        let mut daemon = node.spawn("h100-80gb:8", None);
-        let _k = daemon.register().await;
+        let _running = serve(&node, None).await;
         times.push(t.elapsed());
     }
     times.sort_unstable();
@@ -458,16 +376,15 @@ async fn footprint(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         p50 <= Duration::from_millis(100),
     ));
 
-    let node = Node::new(&std::env::temp_dir());
+    let node = node(&std::env::temp_dir());
     // Per GPU, seven 1g claims: the storm prepares and unprepares all 56 over and over, 8 at a time.
     let mut per_gpu: Vec<Vec<ClaimRef>> = Vec::new();
     for m in 0..8u32 {
-        per_gpu.push((0..7).map(|s| node.write_claim(m * 10 + s, &format!("gpu-{m}-mig-1g10gb-19-{s}"))).collect());
+        per_gpu.push((0..7).map(|s| write_claim(&node, m * 10 + s, &format!("gpu-{m}-mig-1g10gb-19-{s}"))).collect());
     }
-    let mut daemon = node.spawn("h100-80gb:8", None);
-    let k = daemon.register().await;
+    let (daemon, k) = serve(&node, None).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (idle, _) = daemon.rss();
+    let (idle, _) = rss(daemon.pid());
     let rounds = if o.quick { 3 } else { 20 };
     let t = Instant::now();
     for _ in 0..rounds {
@@ -485,7 +402,7 @@ async fn footprint(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         .await;
     }
     let storm = t.elapsed();
-    let (after, peak) = daemon.rss();
+    let (after, peak) = rss(daemon.pid());
     let calls = rounds * 8 * 7 * 2;
     println!("  RSS idle: {:.1} MiB   target: <= 20 MiB", idle as f64 / MIB);
     println!(
@@ -568,7 +485,9 @@ fn publication(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         ));
     }
     let t = Instant::now();
-    let out = migdra().args(["slices", "--sim", "h100-80gb:16", "--node-name", NODE, "-o", "json"]).output();
+    let out = support::command::migdra()
+        .args(["slices", "--sim", "h100-80gb:16", "--node-name", NODE, "-o", "json"])
+        .output();
     match out {
         Ok(out) if out.status.success() => println!(
             "  `migdra slices --sim h100-80gb:16 -o json` (whole process, split): {} bytes in {}",
@@ -596,7 +515,7 @@ fn packing(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         seeds.len()
     );
     println!(
-        "  issue's reference (its own model): random-GPU anchor 89.4% / large 65.3%; best fit over all GPUs 93.0% / 79.0%"
+        "  reference figures (from their own model): random-GPU anchor 89.4% / large 65.3%; best fit over all GPUs 93.0% / 79.0%"
     );
     println!("  {:<58} {:>8} {:>8} {:>8} {:>9}", "setup", "accept", "large", "frag", "stranded");
     let cases: Vec<(&str, SliceOrder, usize, Vec<Policy>)> = vec![
@@ -638,7 +557,7 @@ fn packing(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         |label: &str, p: Policy| results.iter().find(|((l, q), _)| *l == label && *q == p).map(|(_, s)| s.clone());
     let anchor = get(cases[0].0, Policy::Ascending).expect("anchor ran");
     println!(
-        "  anchor reproduced: {:.1}% / {:.1}% (issue: 89.4% / 65.3%)",
+        "  anchor reproduced: {:.1}% / {:.1}% (reference: 89.4% / 65.3%)",
         anchor.acceptance() * 100.0,
         anchor.large_acceptance() * 100.0
     );

@@ -2,19 +2,15 @@
 //! bad-input contract (one line naming the bad value and the valid choices, exit 2, state file
 //! untouched).
 
+mod support;
+
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+use support::command::{self, Run};
 
 fn migdra(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_migdra"))
-        .args(args)
-        .env_remove("MIGDRA_SIM")
-        .env_remove("MIGDRA_SIM_STATE")
-        .env_remove("MIGDRA_SIM_FAULTS")
-        .env_remove("MIGDRA_OUTPUT")
-        .output()
-        .expect("run migdra")
+    command::migdra().args(args).run()
 }
 
 fn ok(args: &[&str]) -> String {

@@ -4,77 +4,31 @@
 //! and change nothing unless told; `cleanup` finds orphans, stale CDI specs and lost claims and
 //! fixes them only without `--dry-run`, never touching a static GPU.
 
-mod fake_nvml;
+mod support;
 
-use fake_nvml::FakeNode;
 use migdra::gpu::GpuBackend;
-use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use serde_json::Value;
 use std::process::{Command, Output};
+use support::DRIVER;
+use support::claim::uid;
+use support::command::{Run, migdra};
+use support::fake_nvml::FakeNode;
+use support::node::NodeDir;
 
-const DRIVER: &str = "mig.slinky.slurm.net";
-const NODE: &str = "node-c";
-const NAMESPACE: &str = "ops";
+/// The operator's view of a node: every command with GPU 1 static (`--mig-mode-override 1=static`).
+struct Node<'a>(&'a NodeDir);
 
-/// `migdra` with none of the caller's `MIGDRA_*`, `FAKE_NVML_*`, `POD_UID` or `NODE_NAME`.
-fn migdra() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (key, _) in std::env::vars_os() {
-        if let Some(k) = key.to_str()
-            && (k.starts_with("MIGDRA_") || k.starts_with("FAKE_NVML_") || k == "POD_UID" || k == "NODE_NAME")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-fn uid(n: u32) -> String {
-    format!("7e1d0c55-2b6a-4c1f-9e3d-{n:012}")
-}
-
-/// A node's directories; `hw` says how the commands reach its GPUs.
-struct Node {
-    dir: PathBuf,
-    hw: Vec<String>,
-}
-
-impl Node {
-    fn sim(dir: &Path, spec: &str) -> Self {
-        let node = Node {
-            dir: dir.to_path_buf(),
-            hw: vec!["--sim-state".into(), dir.join("gpus.json").display().to_string()],
-        };
-        let out = migdra().args(["layout", "--sim", spec]).args(&node.hw).output().unwrap();
-        assert!(out.status.success());
-        node
-    }
-
-    fn nvml(fake: &FakeNode) -> Self {
-        let hw = vec![
-            "--nvml-lib".into(),
-            fake.lib.display().to_string(),
-            "--procfs-root".into(),
-            fake.procfs.display().to_string(),
-        ];
-        Node { dir: fake.dir.path().to_path_buf(), hw }
+impl Node<'_> {
+    fn command(&self, args: &[&str]) -> Command {
+        self.0.command(&[args, &["--mig-mode-override", "1=static"]].concat())
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        let p = |n: &str| self.dir.join(n).display().to_string();
-        migdra()
-            .args(args)
-            .args(&self.hw)
-            .args(["--state-dir", &p("state"), "--cdi-dir", &p("cdi"), "--claims-dir", &p("claims")])
-            .args(["--node-name", NODE, "--mig-mode-override", "1=static"])
-            .output()
-            .unwrap()
+        self.command(args).run()
     }
 
     fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(out.status.success(), "migdra {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
+        self.command(args).ok()
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -89,22 +43,12 @@ impl Node {
 
     /// Write claim `n` allocated to `device` and prepare it as the kubelet would.
     fn prepare(&self, n: u32, device: &str) {
-        let object = json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": format!("claim-{n}"), "namespace": NAMESPACE, "uid": uid(n)},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-            ]}}}
-        });
-        std::fs::create_dir_all(self.dir.join("claims")).unwrap();
-        std::fs::write(self.dir.join(format!("claims/{n}.json")), object.to_string()).unwrap();
+        self.0.write_claim(&uid(n), device);
         self.ok(&["claims", "prepare", &uid(n)]);
     }
 
     fn cdi_files(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.dir.join("cdi"))
+        let mut names: Vec<String> = std::fs::read_dir(self.0.cdi_dir())
             .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         names.sort();
@@ -113,7 +57,7 @@ impl Node {
 
     /// Everything a command could change: the hardware, the checkpoint, the CDI specs.
     fn snapshot(&self) -> (Value, String, Vec<String>) {
-        let checkpoint = std::fs::read_to_string(self.dir.join("state/checkpoint.json")).unwrap_or_default();
+        let checkpoint = std::fs::read_to_string(self.0.state_dir().join("checkpoint.json")).unwrap_or_default();
         (self.json(&["layout"]), checkpoint, self.cdi_files())
     }
 }
@@ -139,7 +83,7 @@ fn leave_a_mess(node: &Node, destroy: impl Fn(&str, u64)) -> (String, String) {
     node.prepare(1, &format!("gpu-{m0}-mig-1g10gb-19-6"));
     node.prepare(2, &format!("gpu-{m0}-mig-3g40gb-9-0"));
     let spec = |n: u32| format!("{DRIVER}-claim_{}.json", uid(n));
-    let cdi = node.dir.join("cdi");
+    let cdi = node.0.cdi_dir();
     let text = std::fs::read_to_string(cdi.join(spec(1))).unwrap().replace(&uid(1), &uid(9));
     std::fs::write(cdi.join(spec(9)), text).unwrap();
     let claims = node.json(&["claims"]);
@@ -157,8 +101,8 @@ fn leave_a_mess(node: &Node, destroy: impl Fn(&str, u64)) -> (String, String) {
 /// next prepare of the lost claim makes it again.
 #[test]
 fn cleanup_dry_run_changes_nothing_and_cleanup_fixes_only_what_no_claim_explains() {
-    let tmp = tempfile::tempdir().unwrap();
-    let node = Node::sim(tmp.path(), "h100-80gb:2");
+    let dir = NodeDir::new().simulate("h100-80gb:2");
+    let node = Node(&dir);
     let sim = |args: &[&str]| node.ok(&[&["sim"], args].concat());
     let (orphan, lost_device) = leave_a_mess(&node, |gpu, gi| {
         sim(&["destroy", "--gpu", gpu, "--gi", &gi.to_string()]);
@@ -210,8 +154,8 @@ fn cleanup_dry_run_changes_nothing_and_cleanup_fixes_only_what_no_claim_explains
 /// claim holding each instance; none of them changes anything.
 #[test]
 fn every_command_prints_json_and_yaml_and_reads_only() {
-    let tmp = tempfile::tempdir().unwrap();
-    let node = Node::sim(tmp.path(), "h100-80gb:2");
+    let dir = NodeDir::new().simulate("h100-80gb:2");
+    let node = Node(&dir);
     let m0 = node.minor(0);
     node.prepare(1, &format!("gpu-{m0}-mig-1g10gb-19-6"));
     let before = node.snapshot();
@@ -233,14 +177,13 @@ fn every_command_prints_json_and_yaml_and_reads_only() {
 /// that cannot work says the fix in one line.
 #[test]
 fn read_commands_on_a_fresh_node_create_nothing_and_errors_are_one_line() {
-    let tmp = tempfile::tempdir().unwrap();
-    let node = Node::sim(tmp.path(), "h100-80gb:1");
+    let dir = NodeDir::new().simulate("h100-80gb:1");
+    let node = Node(&dir);
     assert_eq!(node.ok(&["cleanup", "--dry-run"]), "nothing to clean up\n");
     node.ok(&["status"]);
-    assert!(!tmp.path().join("state").exists(), "no state directory was made");
+    assert!(!dir.state_dir().exists(), "no state directory was made");
 
-    let out =
-        migdra().args(["cleanup", "--dry-run", "--nvml-lib"]).arg(tmp.path().join("missing.so")).output().unwrap();
+    let out = migdra().args(["cleanup", "--dry-run", "--nvml-lib"]).arg(dir.path().join("missing.so")).run();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -253,7 +196,7 @@ fn read_commands_on_a_fresh_node_create_nothing_and_errors_are_one_line() {
 #[test]
 fn on_nvml_status_layout_and_cleanup_dry_run_read_only_then_cleanup_destroys_the_orphan() {
     let fake = FakeNode::new("h100-80gb:2");
-    let node = Node::nvml(&fake);
+    let node = Node(&fake.node);
     let gpus = fake.hw.gpus().unwrap();
     let (orphan, _lost) = leave_a_mess(&node, |_gpu, gi| {
         let (gpu, gi) = (gpus[0].uuid.as_str(), u32::try_from(gi).unwrap());
@@ -296,8 +239,8 @@ fn on_nvml_status_layout_and_cleanup_dry_run_read_only_then_cleanup_destroys_the
 /// with one line that says to start `serve` first (its recovery re-creates claims), changing nothing.
 #[test]
 fn cleanup_after_a_reboot_says_to_start_serve_first() {
-    let tmp = tempfile::tempdir().unwrap();
-    let node = Node::sim(tmp.path(), "h100-80gb:1");
+    let dir = NodeDir::new().simulate("h100-80gb:1");
+    let node = Node(&dir);
     let m0 = node.minor(0);
     node.prepare(1, &format!("gpu-{m0}-mig-1g10gb-19-6"));
     node.ok(&["sim", "reboot"]);

@@ -17,10 +17,10 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use migdra::claims::ClaimRef;
 use migdra::kube::slices::{self, Layout};
 use migdra::kubelet::client::{TestKubelet, Version};
@@ -28,16 +28,19 @@ use migdra::mig::catalog::{self, GpuModel};
 use migdra::mig::counters::{self, Counters};
 use migdra::mig::naming::DeviceName;
 use migdra::mig::rules::{self, Placed};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use support::controlplane::ControlPlane;
+use support::cluster::{apply, create_node, pool, repo};
+use support::command::{Run, migdra};
+use support::controlplane::{ControlPlane, apiserver_134_dir};
+use support::daemon::Daemon;
+use support::eventually::eventually;
+use support::node::NodeDir;
+use support::rng::Rng;
+use support::{DRIVER, NODE};
 
-const DRIVER: &str = "mig.slinky.slurm.net";
-const NODE: &str = "node-a";
 const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
 const NS: &str = "team-a";
 /// The profiles the claim templates offer, and the template name of each.
@@ -54,40 +57,6 @@ const WHOLE: &str = "gpu";
 
 /// One control plane at a time: two on two cores would only slow each other down.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A command with none of the caller's migdra settings.
-fn migdra() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MIGDRA_") || k == "KUBECONFIG" || k == "NODE_NAME" || k == "POD_UID" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-/// A running `migdra serve`, killed when dropped.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
 
 /// A GPU of the simulated node, as `migdra layout -o json` shows it.
 struct Gpu {
@@ -111,7 +80,7 @@ struct Cluster {
     daemon: Daemon,
     client: kube::Client,
     cp: ControlPlane,
-    node_dir: tempfile::TempDir,
+    node: NodeDir,
     /// Device → its `slurmGpuIndex` attribute, as published.
     slurm_index: BTreeMap<String, i64>,
     /// The slice layout for the API server's version.
@@ -137,48 +106,20 @@ impl Cluster {
         let layout = slices::layout_for(num(&version.major), num(&version.minor));
         if rbac {
             for file in ["daemonset/base/rbac.yaml", "daemonset/base/admission-policy.yaml"] {
-                apply(&client, &repo().join(file)).await;
+                apply(&client, &repo().join(file), NS).await;
             }
         }
-        create_node(&client).await;
+        create_node(&client, NODE).await;
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
         for file in ["daemonset/base/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
-            apply(&client, &repo().join(file)).await;
+            apply(&client, &repo().join(file), NS).await;
         }
 
-        let node_dir = tempfile::Builder::new().prefix("migdra-node-").tempdir().unwrap();
-        let d = node_dir.path();
-        let out = migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(d.join("gpus.json")).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let log = d.join("daemon.log");
-        let child = migdra()
-            .arg("serve")
-            .arg("--sim-state")
-            .arg(d.join("gpus.json"))
-            .arg("--kubeconfig")
-            .arg(if rbac { service_account_kubeconfig(&cp, NODE) } else { cp.kubeconfig().to_path_buf() })
-            .arg("--plugin-dir")
-            .arg(d.join("plugin"))
-            .arg("--registry-dir")
-            .arg(d.join("registry"))
-            .arg("--cdi-dir")
-            .arg(d.join("cdi"))
-            .args(["--node-name", NODE, "--socket-check", "100ms"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut daemon = Daemon { child, log };
-        let registration = d.join("registry").join(format!("{DRIVER}-reg.sock"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&registration).is_err() {
-            assert!(daemon.child.try_wait().unwrap().is_none(), "migdra serve exited:\n{}", daemon.log());
-            assert!(Instant::now() < deadline, "no registration socket:\n{}", daemon.log());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let kubelet = TestKubelet::register(&registration).await.unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
-        let mut cluster = Self { kubelet, daemon, client, cp, node_dir, slurm_index: BTreeMap::new(), layout };
+        let kubeconfig = if rbac { service_account_kubeconfig(&cp, NODE) } else { cp.kubeconfig().to_path_buf() };
+        let node = NodeDir::new().simulate(SPEC).kubeconfig(kubeconfig);
+        let (daemon, kubelet) = node.serve().registered().await;
+        let mut cluster = Self { kubelet, daemon, client, cp, node, slurm_index: BTreeMap::new(), layout };
         let published = cluster.published(Duration::from_secs(60)).await;
         for d in published.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
             let index = d.attributes.as_ref().and_then(|a| a.get("slurmGpuIndex")).and_then(|a| a.int);
@@ -188,36 +129,16 @@ impl Cluster {
     }
 
     fn diagnostics(&self) -> String {
-        format!("--- migdra serve:\n{}\n{}", tail(&self.daemon.log(), 40), self.cp.logs())
+        format!("{}\n{}", self.daemon.log_tail(), self.cp.logs())
     }
 
     /// Our slices once the pool is complete (every slice of the newest generation is there).
     async fn published(&self, timeout: Duration) -> Vec<ResourceSlice> {
-        let api: Api<ResourceSlice> = Api::all(self.client.clone());
-        let params = ListParams::default().labels(&format!("{}={NODE}", slices::node_label(DRIVER)));
-        let deadline = Instant::now() + timeout;
-        loop {
-            let all = api.list(&params).await.unwrap().items;
-            let generation = all.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-            let current: Vec<ResourceSlice> =
-                all.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
-            if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
-                return current;
-            }
-            assert!(Instant::now() < deadline, "no complete pool published\n{}", self.diagnostics());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        pool(&self.client, NODE, timeout, || self.diagnostics()).await.0
     }
 
     fn gpus(&self) -> Vec<Gpu> {
-        let out = migdra()
-            .args(["layout", "-o", "json", "--sim-state"])
-            .arg(self.node_dir.path().join("gpus.json"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["gpus"]
+        self.node.layout()["gpus"]
             .as_array()
             .unwrap()
             .iter()
@@ -282,28 +203,26 @@ impl Cluster {
 
     /// Wait until the scheduler binds the pod or calls it unschedulable.
     async fn outcome(&self, name: &str, timeout: Duration) -> Outcome {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let pod = self.pods().get(name).await.unwrap();
-            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-                return Outcome::Bound;
-            }
-            let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-                cs.iter().find(|c| {
-                    c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
-                })
-            });
-            if let Some(c) = unschedulable {
-                return Outcome::Unschedulable(c.message.clone().unwrap_or_default());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pod {name} neither bound nor unschedulable: {:?}\n{}",
-                pod.status,
-                self.diagnostics()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(format!("pod {name} bound or unschedulable"))
+            .within(timeout)
+            .every(Duration::from_millis(100))
+            .explain(|| self.diagnostics())
+            .until_async(move || async move {
+                let pod = self.pods().get(name).await.unwrap();
+                if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                    return Ok(Outcome::Bound);
+                }
+                let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+                    cs.iter().find(|c| {
+                        c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                });
+                match unschedulable {
+                    Some(c) => Ok(Outcome::Unschedulable(c.message.clone().unwrap_or_default())),
+                    None => Err(format!("{:?}", pod.status)),
+                }
+            })
+            .await
     }
 
     /// The claims a pod uses: spec.resourceClaims, named directly or generated from a template.
@@ -371,32 +290,20 @@ impl Cluster {
 
     /// Our `status.devices` entry: Ready=True with the MIG UUID and the Slurm index.
     async fn assert_status(&self, r: &ClaimRef, device: &str, mig_uuid: Option<&str>) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let c = self.claims().get(&r.name).await.unwrap();
-            let entry = ours(&c).into_iter().find(|d| d["device"] == device);
-            if let Some(e) = entry {
-                let condition = &e["conditions"][0];
-                assert_eq!(
-                    (condition["type"].as_str(), condition["status"].as_str()),
-                    (Some("Ready"), Some("True")),
-                    "{e}"
-                );
-                assert_eq!(e["pool"], NODE);
-                let data = &e["data"];
-                assert_eq!(data["migUUID"].as_str(), mig_uuid, "{data}");
-                assert_eq!(data["slurmGpuIndex"].as_i64(), Some(self.slurm_index[device]), "{data}");
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no status for {device} on claim {}: {:?}\n{}",
-                r.name,
-                c.status,
-                self.diagnostics()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let e = eventually(format!("a status for {device} on claim {}", r.name))
+            .every(Duration::from_millis(100))
+            .explain(|| self.diagnostics())
+            .until_async(move || async move {
+                let c = self.claims().get(&r.name).await.unwrap();
+                ours(&c).into_iter().find(|d| d["device"] == device).ok_or_else(|| format!("{:?}", c.status))
+            })
+            .await;
+        let condition = &e["conditions"][0];
+        assert_eq!((condition["type"].as_str(), condition["status"].as_str()), (Some("Ready"), Some("True")), "{e}");
+        assert_eq!(e["pool"], NODE);
+        let data = &e["data"];
+        assert_eq!(data["migUUID"].as_str(), mig_uuid, "{data}");
+        assert_eq!(data["slurmGpuIndex"].as_i64(), Some(self.slurm_index[device]), "{data}");
     }
 
     /// No device is allocated twice, every GPU's allocations fit NVML's rules and the counters
@@ -444,23 +351,20 @@ impl Cluster {
             }
         }
         self.pods().delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
         for r in &refs {
-            loop {
-                match self.claims().get_opt(&r.name).await.unwrap() {
-                    None => break,
-                    Some(c) if c.metadata.uid.as_deref() != Some(r.uid.as_str()) => break,
-                    Some(c) if allocated(&c).is_empty() => break,
-                    Some(c) => assert!(
-                        Instant::now() < deadline,
-                        "claim {} of deleted pod {pod} stays allocated: {:?}\n{}",
-                        r.name,
-                        c.status,
-                        self.diagnostics()
-                    ),
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            eventually(format!("claim {} of deleted pod {pod} deallocated", r.name))
+                .within(Duration::from_secs(30))
+                .every(Duration::from_millis(100))
+                .explain(|| self.diagnostics())
+                .until_async(move || async move {
+                    match self.claims().get_opt(&r.name).await.unwrap() {
+                        None => Ok(()),
+                        Some(c) if c.metadata.uid.as_deref() != Some(r.uid.as_str()) => Ok(()),
+                        Some(c) if allocated(&c).is_empty() => Ok(()),
+                        Some(c) => Err(format!("{:?}", c.status)),
+                    }
+                })
+                .await;
         }
     }
 
@@ -470,11 +374,6 @@ impl Cluster {
         let allocations = self.allocations().await;
         first_fit(&self.gpus(), allocations.iter().map(|(_, d)| d.as_str()), profile)
     }
-}
-
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn template(profile: &str) -> &'static str {
@@ -630,79 +529,6 @@ fn model_choice(published: &[ResourceSlice], gpus: &[Gpu], allocated: &[String],
         slices.iter().map(|s| s.spec.devices.iter().flatten().filter_map(|d| dev(&d.name)).collect()).collect();
     let chosen = first_fit(&node, &order, p.id, SliceOrder::ByName, &mut Rng::new(1))?;
     Some(DeviceName::mig(mig[chosen.gpu].minor, &p.name, p.id, chosen.placed.start).to_string())
-}
-
-async fn create_node(client: &kube::Client) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux"}}
-    }))
-    .unwrap();
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
-    let status = json!({"status": {
-        "capacity": resources,
-        "allocatable": resources,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test kubelet"}]
-    }});
-    nodes.patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
-    // No taints, whatever admission added.
-    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}}))).await.unwrap();
-}
-
-/// The documents of a YAML file.
-fn documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_norway::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-/// `kubectl apply -n team-a -f FILE` for the kinds daemonset/ holds.
-async fn apply(client: &kube::Client, path: &Path) {
-    let pp = PostParams::default();
-    for doc in documents(path) {
-        // Cluster-scoped, or in their own namespace: (group, version, plural, namespaced).
-        let dynamic = match doc["kind"].as_str() {
-            Some("Namespace") => Some(("", "v1", "namespaces", false)),
-            Some("ServiceAccount") => Some(("", "v1", "serviceaccounts", true)),
-            Some("ClusterRole") => Some(("rbac.authorization.k8s.io", "v1", "clusterroles", false)),
-            Some("ClusterRoleBinding") => Some(("rbac.authorization.k8s.io", "v1", "clusterrolebindings", false)),
-            Some("ValidatingAdmissionPolicy") => {
-                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", false))
-            }
-            Some("ValidatingAdmissionPolicyBinding") => {
-                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", false))
-            }
-            _ => None,
-        };
-        if let Some((group, version, plural, namespaced)) = dynamic {
-            let kind = doc["kind"].as_str().unwrap();
-            let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
-            let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
-            let obj: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
-            let api: Api<kube::api::DynamicObject> = if namespaced {
-                let ns = obj.metadata.namespace.clone().unwrap_or_else(|| NS.into());
-                Api::namespaced_with(client.clone(), &ns, &ar)
-            } else {
-                Api::all_with(client.clone(), &ar)
-            };
-            api.create(&pp, &obj).await.unwrap_or_else(|e| panic!("{}: create {kind}: {e}", path.display()));
-            continue;
-        }
-        match doc["kind"].as_str() {
-            Some("DeviceClass") => {
-                let dc: DeviceClass = serde_json::from_value(doc).unwrap();
-                Api::<DeviceClass>::all(client.clone()).create(&pp, &dc).await.unwrap();
-            }
-            Some("ResourceClaimTemplate") => {
-                let t: ResourceClaimTemplate = serde_json::from_value(doc).unwrap();
-                Api::<ResourceClaimTemplate>::namespaced(client.clone(), NS).create(&pp, &t).await.unwrap();
-            }
-            other => panic!("{}: unexpected kind {other:?}", path.display()),
-        }
-    }
 }
 
 /// A quantity as a number in its base unit (bytes, or a count).
@@ -862,14 +688,11 @@ async fn slices_read_back_exactly_as_published() {
     let _serial = SERIAL.lock().await;
     let cluster = Cluster::start().await;
     let stored = cluster.published(Duration::from_secs(30)).await;
-    let out = migdra()
+    let dry_run = migdra()
         .args(["slices", "-o", "json", "--node-name", NODE, "--sim-state"])
-        .arg(cluster.node_dir.path().join("gpus.json"))
+        .arg(cluster.node.sim_state())
         .args(["--generation", &stored[0].spec.pool.generation.to_string()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let dry_run: Value = serde_json::from_slice(&out.stdout).unwrap();
+        .json();
     let mut diff = Vec::new();
     for want in dry_run["items"].as_array().unwrap() {
         let name = want["metadata"]["name"].as_str().unwrap();
@@ -1024,18 +847,21 @@ async fn rbac_with_only_the_daemonset_role() {
     .unwrap();
     let as_sa: Api<ResourceSlice> = Api::all(sa);
     let as_admin: Api<ResourceSlice> = Api::all(cluster.client.clone());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let refusal = loop {
-        match as_sa.create(&PostParams::default(), &other).await {
-            Err(kube::Error::Api(s)) => break s,
-            Err(e) => panic!("creating node-b's slice: {e}"),
-            Ok(_) => {
-                as_admin.delete("node-b-not-mine", &DeleteParams::default()).await.unwrap();
-                assert!(Instant::now() < deadline, "node-b's slice is still accepted after 30 s");
-                tokio::time::sleep(Duration::from_millis(250)).await;
+    let (as_sa, as_admin, other) = (&as_sa, &as_admin, &other);
+    let refusal = eventually("node-b's slice refused")
+        .within(Duration::from_secs(30))
+        .every(Duration::from_millis(250))
+        .until_async(move || async move {
+            match as_sa.create(&PostParams::default(), other).await {
+                Err(kube::Error::Api(s)) => Ok(s),
+                Err(e) => panic!("creating node-b's slice: {e}"),
+                Ok(_) => {
+                    as_admin.delete("node-b-not-mine", &DeleteParams::default()).await.unwrap();
+                    Err("still accepted".to_string())
+                }
             }
-        }
-    };
+        })
+        .await;
     assert!(
         (refusal.code == 403 || refusal.code == 422)
             && refusal.message.contains("migdra-resourceslices-own-node")
@@ -1043,22 +869,6 @@ async fn rbac_with_only_the_daemonset_role() {
         "not the policy's refusal: {refusal:?}"
     );
     println!("as {SERVICE_ACCOUNT} on {NODE}, node-b's slice refused: {} {}", refusal.code, refusal.message);
-}
-
-/// A deterministic pseudo-random sequence (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Pods come and go; every "unschedulable" must be true by the counter model and NVML's rules,
@@ -1083,11 +893,11 @@ async fn churn_never_refuses_what_fits() {
     for i in 0..requests {
         // Someone leaves: about 4 in 10 steps, and always once 8 pods hold GPUs.
         if !live.is_empty() && (live.len() >= 8 || rng.below(10) < 4) {
-            let pod = live.swap_remove(rng.below(live.len() as u64) as usize);
+            let pod = live.swap_remove(rng.below(live.len()));
             cluster.finish(&pod, true).await;
             deleted += 1;
         }
-        let profile = mix[rng.below(mix.len() as u64) as usize];
+        let profile = mix[rng.below(mix.len())];
         let name = format!("churn-{i:03}-{}", profile.replace('.', "-"));
         let gpus = cluster.gpus();
         let before: Vec<String> = cluster.allocations().await.into_iter().map(|(_, d)| d).collect();
@@ -1164,15 +974,15 @@ async fn churn_never_refuses_what_fits() {
 impl Cluster {
     /// Whether the pod gets bound within `timeout`.
     async fn outcome_bound_within(&self, name: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            let pod = self.pods().get(name).await.unwrap();
-            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        false
+        eventually(format!("pod {name} bound"))
+            .within(timeout)
+            .every(Duration::from_millis(200))
+            .measure_async(move || async move {
+                let pod = self.pods().get(name).await.unwrap();
+                pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            })
+            .await
+            .is_some()
     }
 }
 
@@ -1198,28 +1008,6 @@ fn first_fit_and_best_placement_agree_with_the_rules() {
     assert!(!best_fit(&gpus, &["gpu-2".to_string()], WHOLE));
 }
 
-/// The 1.34 kube-apiserver built by `hack/build-controlplane.sh hack/controlplane-1.34 kube-apiserver`.
-fn apiserver_134_dir() -> PathBuf {
-    let help = "build it first: `bash hack/build-controlplane.sh hack/controlplane-1.34 kube-apiserver` (or `bash hack/test.sh`)";
-    if let Some(d) = std::env::var_os("MIGDRA_CONTROLPLANE_134_BIN") {
-        return PathBuf::from(d);
-    }
-    let cache = std::env::var_os("MIGDRA_CACHE").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/migdra"),
-        PathBuf::from,
-    );
-    std::fs::read_dir(&cache)
-        .ok()
-        .and_then(|entries| {
-            entries
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("controlplane-v1.34"))
-                .map(|e| e.path().join("bin"))
-                .find(|bin| bin.join("kube-apiserver").is_file())
-        })
-        .unwrap_or_else(|| panic!("no 1.34 kube-apiserver under {}: {help}", cache.display()))
-}
-
 /// The same slices against a real 1.34 kube-apiserver: migdra picks the combined layout from its
 /// version, and the server accepts it with every counter field intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1232,43 +1020,11 @@ async fn slices_on_a_1_34_api_server_use_the_combined_layout() {
     );
     assert!(cp.versions.apiserver.starts_with("v1.34."), "{}", cp.versions.apiserver);
     let client = cp.client().await;
-    create_node(&client).await;
-    let node_dir = tempfile::Builder::new().prefix("migdra-node-").tempdir().unwrap();
-    let d = node_dir.path();
-    let out = migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(d.join("gpus.json")).output().unwrap();
-    assert!(out.status.success());
-    let log = d.join("daemon.log");
-    let child = migdra()
-        .arg("serve")
-        .arg("--sim-state")
-        .arg(d.join("gpus.json"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig())
-        .arg("--plugin-dir")
-        .arg(d.join("plugin"))
-        .arg("--registry-dir")
-        .arg(d.join("registry"))
-        .arg("--cdi-dir")
-        .arg(d.join("cdi"))
-        .args(["--node-name", NODE])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let daemon = Daemon { child, log };
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    let params = ListParams::default().labels(&format!("{}={NODE}", slices::node_label(DRIVER)));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let published = loop {
-        let all = api.list(&params).await.unwrap().items;
-        let generation = all.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-        let current: Vec<ResourceSlice> = all.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
-        if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
-            break current;
-        }
-        assert!(Instant::now() < deadline, "no complete pool on 1.34:\n{}\n{}", daemon.log(), cp.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    create_node(&client, NODE).await;
+    let node = NodeDir::new().simulate(SPEC).kubeconfig(cp.kubeconfig().to_path_buf());
+    let daemon = node.serve().default_intervals().spawn();
+    let explain = || format!("{}\n{}", daemon.log_tail(), cp.logs());
+    let (published, _) = pool(&client, NODE, Duration::from_secs(60), explain).await;
     assert_eq!(slices::validate(&published, Layout::Combined), Vec::<String>::new());
     let devices: Vec<&k8s_openapi::api::resource::v1::Device> =
         published.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();

@@ -1,11 +1,13 @@
 //! `migdra demo` is README's first command: it must run the real daemon end to end and tell the
 //! story it promises.
 
-use std::process::Command;
+mod support;
+
+use support::command::{Run, migdra};
 
 #[test]
 fn the_demo_runs_the_daemon_through_a_day_and_leaves_nothing_behind() {
-    let out = Command::new(env!("CARGO_BIN_EXE_migdra")).args(["demo", "--fast"]).output().unwrap();
+    let out = migdra().args(["demo", "--fast"]).run();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("kubelet: registered mig.slinky.slurm.net (DRAPlugin)"), "{text}");

@@ -6,46 +6,29 @@
 
 #![allow(clippy::print_stdout)] // tests that measure print their figures
 
+mod support;
+
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::{Device, Prepared, TestKubelet, Version};
 use migdra::kubelet::proto::health_v1alpha1::{HealthStatus, NodeWatchResourcesResponse};
-use serde_json::{Value, json};
-use std::cell::Cell;
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
+use support::claim::{claim_ref, uid};
+use support::command::{Run, migdra};
+use support::eventually::eventually;
+use support::node::NodeDir;
+use support::{DRIVER, NAMESPACE, NODE};
 
-const DRIVER: &str = "mig.slinky.slurm.net";
-const NODE: &str = "node-a";
 const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
-const NAMESPACE: &str = "team-a";
 /// Every CI create takes 2 s: long enough to do something to a prepare in flight.
 const SLOW_CI: (&str, &str) = ("MIGDRA_SIM_FAULTS", "create-ci=delay:2s");
 
-/// A command with none of the caller's `MIGDRA_*`, `POD_UID` or `NODE_NAME` settings.
-fn migdra_cmd() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (key, _) in std::env::vars_os() {
-        if let Some(k) = key.to_str()
-            && (k.starts_with("MIGDRA_") || k == "POD_UID" || k == "NODE_NAME")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-/// A claim UID, distinct per `n`.
-fn uid(n: u32) -> String {
-    format!("0d6f6a52-3c9e-4b8e-9a0c-{n:012}")
-}
-
-/// The reference the kubelet sends for the claim [`Node::write_claim`] wrote.
-fn claim(uid: &str) -> ClaimRef {
-    ClaimRef { uid: uid.to_string(), namespace: NAMESPACE.to_string(), name: format!("claim-{uid}") }
+/// A node of [`SPEC`]'s simulated GPUs.
+fn sim_node() -> NodeDir {
+    NodeDir::new().simulate(SPEC)
 }
 
 fn ok_devices(prepared: &Prepared, uid: &str) -> Vec<Device> {
@@ -76,232 +59,14 @@ fn assert_device(devices: &[Device], uid: &str, device: &str) {
     );
 }
 
-/// One node: its simulated GPUs and the directories a daemon and the CLI share.
-struct Node {
-    tmp: tempfile::TempDir,
-    daemons: Cell<u32>,
-}
-
-/// A running `migdra serve`, SIGKILLed when dropped.
-struct Daemon {
-    child: Child,
-    registration: PathBuf,
-    dra: PathBuf,
-    log: PathBuf,
-}
-
-/// (parent minor, profile ID, placement start, compute instances, GI ID) of one GPU instance.
-type Instance = (u64, u64, u64, usize, u64);
-
-impl Node {
-    fn new() -> Self {
-        let node = Self { tmp: tempfile::tempdir().unwrap(), daemons: Cell::new(0) };
-        node.cli(&["layout", "--sim", SPEC]);
-        node
-    }
-
-    fn dir(&self) -> &Path {
-        self.tmp.path()
-    }
-
-    fn plugin_dir(&self) -> PathBuf {
-        self.dir().join("plugins").join(DRIVER)
-    }
-
-    fn registry_dir(&self) -> PathBuf {
-        self.dir().join("registry")
-    }
-
-    fn node_flags(&self) -> Vec<OsString> {
-        let d = self.dir();
-        let mut flags: Vec<OsString> = Vec::new();
-        for (flag, path) in [
-            ("--sim-state", d.join("gpus.json")),
-            ("--state-dir", d.join("state")),
-            ("--cdi-dir", d.join("cdi")),
-            ("--claims-dir", d.join("claims")),
-        ] {
-            flags.push(flag.into());
-            flags.push(path.into());
-        }
-        flags.extend(["--node-name".into(), NODE.into()]);
-        flags
-    }
-
-    /// A `migdra` command on this node that must succeed; its stdout.
-    fn cli(&self, args: &[&str]) -> String {
-        let out = migdra_cmd().args(args).args(self.node_flags()).output().unwrap();
-        assert!(out.status.success(), "migdra {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn layout(&self) -> Value {
-        serde_json::from_str(&self.cli(&["layout", "-o", "json"])).unwrap()
-    }
-
-    /// Device minors by NVML index.
-    fn minors(&self) -> Vec<u64> {
-        self.layout()["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap()).collect()
-    }
-
-    /// Every GPU instance on the node, sorted.
-    fn instances(&self) -> Vec<Instance> {
-        let mut out = Vec::new();
-        for g in self.layout()["gpus"].as_array().unwrap() {
-            for i in g["instances"].as_array().unwrap() {
-                out.push((
-                    g["minor"].as_u64().unwrap(),
-                    i["profile_id"].as_u64().unwrap(),
-                    i["placement"]["start"].as_u64().unwrap(),
-                    i["compute_instances"].as_array().unwrap().len(),
-                    i["gpu_instance_id"].as_u64().unwrap(),
-                ));
-            }
-        }
-        out.sort_unstable();
-        out
-    }
-
-    /// (minor, profile ID, start, CI count) of every instance: what a test can predict.
-    fn placements(&self) -> Vec<(u64, u64, u64, usize)> {
-        self.instances().into_iter().map(|(m, p, s, c, _)| (m, p, s, c)).collect()
-    }
-
-    /// The claims the checkpoint holds.
-    fn checkpoint(&self) -> Value {
-        serde_json::from_str(&self.cli(&["claims", "-o", "json"])).unwrap()
-    }
-
-    fn cdi_specs(&self) -> usize {
-        std::fs::read_dir(self.dir().join("cdi")).map_or(0, |d| d.count())
-    }
-
-    /// A ResourceClaim as the API server returns it, allocated to `device`.
-    fn write_claim(&self, uid: &str, device: &str) {
-        let object = json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": format!("claim-{uid}"), "namespace": NAMESPACE, "uid": uid},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-            ]}}}
-        });
-        let dir = self.dir().join("claims");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("{uid}.json")), object.to_string()).unwrap();
-    }
-
-    /// Start `migdra serve` without waiting for it.
-    fn spawn(&self, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let n = self.daemons.get() + 1;
-        self.daemons.set(n);
-        let log = self.dir().join(format!("daemon-{n}.log"));
-        let mut cmd = migdra_cmd();
-        cmd.arg("serve")
-            .args(self.node_flags())
-            .arg("--plugin-dir")
-            .arg(self.plugin_dir())
-            .arg("--registry-dir")
-            .arg(self.registry_dir())
-            .args(["--health-interval", "100ms", "--socket-check", "100ms"])
-            .args(extra)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        let pod = env.iter().find(|(k, _)| *k == "POD_UID").map(|(_, v)| *v);
-        let (dra, registration) = match pod {
-            Some(p) => (format!("dra-{p}.sock"), format!("{DRIVER}-{p}-reg.sock")),
-            None => ("dra.sock".to_string(), format!("{DRIVER}-reg.sock")),
-        };
-        Daemon {
-            child: cmd.spawn().unwrap(),
-            registration: self.registry_dir().join(registration),
-            dra: self.plugin_dir().join(dra),
-            log,
-        }
-    }
-
-    /// Start `migdra serve` and wait until its registration socket answers.
-    async fn serve(&self, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let mut daemon = self.spawn(extra, env);
-        daemon.wait_ready().await;
-        daemon
-    }
-}
-
-impl Daemon {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    /// Until the registration socket accepts connections (a stale socket of a killed daemon
-    /// refuses them).
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            assert!(self.running(), "migdra serve exited before it was ready:\n{}", self.log());
-            if std::os::unix::net::UnixStream::connect(&self.registration).is_ok() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "no registration socket after 15 s:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn register(&self) -> TestKubelet {
-        match TestKubelet::register(&self.registration).await {
-            Ok(k) => k,
-            Err(e) => panic!("registration failed: {e}\n{}", self.log()),
-        }
-    }
-
-    /// The exit status, if the process ends within `timeout`.
-    async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        None
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Whether a Unix socket is at `path`.
 fn is_socket(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
 /// Poll `f` every 5 ms for up to `timeout`; how long it took, or `None`.
-async fn within(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let started = Instant::now();
-    loop {
-        if f() {
-            return Some(started.elapsed());
-        }
-        if started.elapsed() >= timeout {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+async fn within(what: &str, timeout: Duration, f: impl FnMut() -> bool) -> Option<Duration> {
+    eventually(what).within(timeout).every(Duration::from_millis(5)).measure(f).await
 }
 
 /// Device name → health, from one health message.
@@ -340,9 +105,7 @@ async fn health_until(
 /// Every device the node publishes: all partitions of each H100 (from `migdra profiles`), and
 /// the whole A100, which has MIG off.
 fn published_devices(minors: &[u64]) -> BTreeSet<String> {
-    let out = migdra_cmd().args(["profiles", "--model", "h100-80gb", "-o", "json"]).output().unwrap();
-    assert!(out.status.success());
-    let profiles: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let profiles = migdra().args(["profiles", "--model", "h100-80gb", "-o", "json"]).json();
     let mut names = BTreeSet::new();
     for minor in &minors[..2] {
         for p in profiles["profiles"].as_array().unwrap() {
@@ -363,9 +126,9 @@ fn published_devices(minors: &[u64]) -> BTreeSet<String> {
 /// soon as it registers us.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_handshake() {
-    let node = Node::new();
-    let mut daemon = node.spawn(&[], &[]);
-    let appeared = within(Duration::from_secs(15), || {
+    let node = sim_node();
+    let mut daemon = node.serve().spawn();
+    let appeared = within("the registration socket", Duration::from_secs(15), || {
         let reg = is_socket(&daemon.registration);
         if reg {
             assert!(is_socket(&daemon.dra), "the registration socket appeared before the DRA socket");
@@ -390,8 +153,8 @@ async fn registration_handshake() {
     kubelet.watch_health().await.expect("health is served");
     drop(daemon);
 
-    let node = Node::new();
-    let daemon = node.serve(&["--health", "false"], &[]).await;
+    let node = sim_node();
+    let daemon = node.serve().args(["--health", "false"]).ready().await;
     let kubelet = daemon.register().await;
     assert_eq!(kubelet.info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
     let err = kubelet.watch_health().await.expect_err("health is not served with --health false");
@@ -404,17 +167,17 @@ async fn registration_handshake() {
 /// leaves the hardware and the checkpoint empty, and an unknown claim unprepares without error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_and_v1beta1_prepare_and_unprepare() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let (a, b) = (uid(1), uid(2));
     let (dev_a, dev_b) = (format!("gpu-{}-mig-3g40gb-9-4", m[0]), format!("gpu-{}-mig-1g10gb-19-6", m[1]));
     node.write_claim(&a, &dev_a);
     node.write_claim(&b, &dev_b);
-    let daemon = node.serve(&[], &[]).await;
+    let daemon = node.serve().ready().await;
     let kubelet = daemon.register().await;
 
-    let first_a = kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap();
-    let first_b = kubelet.prepare(Version::V1beta1, &[claim(&b)]).await.unwrap();
+    let first_a = kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap();
+    let first_b = kubelet.prepare(Version::V1beta1, &[claim_ref(&b)]).await.unwrap();
     assert_device(&ok_devices(&first_a, &a), &a, &dev_a);
     assert_device(&ok_devices(&first_b, &b), &b, &dev_b);
     assert_eq!(node.placements(), {
@@ -426,22 +189,22 @@ async fn v1_and_v1beta1_prepare_and_unprepare() {
     let before = node.instances();
 
     for version in [Version::V1, Version::V1beta1] {
-        assert_eq!(kubelet.prepare(version, &[claim(&a)]).await.unwrap(), first_a, "{version:?} repeat");
-        assert_eq!(kubelet.prepare(version, &[claim(&b)]).await.unwrap(), first_b, "{version:?} repeat");
+        assert_eq!(kubelet.prepare(version, &[claim_ref(&a)]).await.unwrap(), first_a, "{version:?} repeat");
+        assert_eq!(kubelet.prepare(version, &[claim_ref(&b)]).await.unwrap(), first_b, "{version:?} repeat");
     }
     assert_eq!(node.instances(), before, "a repeated prepare changed the hardware");
 
-    let gone = kubelet.unprepare(Version::V1beta1, &[claim(&a)]).await.unwrap();
+    let gone = kubelet.unprepare(Version::V1beta1, &[claim_ref(&a)]).await.unwrap();
     assert_eq!(gone, BTreeMap::from([(a.clone(), String::new())]));
-    let gone = kubelet.unprepare(Version::V1, &[claim(&b)]).await.unwrap();
+    let gone = kubelet.unprepare(Version::V1, &[claim_ref(&b)]).await.unwrap();
     assert_eq!(gone, BTreeMap::from([(b.clone(), String::new())]));
     assert_eq!(node.instances(), []);
-    assert_eq!(node.checkpoint(), json!([]));
+    assert_eq!(node.checkpoint(), Vec::<Value>::new());
     assert_eq!(node.cdi_specs(), 0);
 
     let unknown = uid(99);
     for version in [Version::V1, Version::V1beta1] {
-        let r = kubelet.unprepare(version, &[claim(&unknown), claim(&a)]).await.unwrap();
+        let r = kubelet.unprepare(version, &[claim_ref(&unknown), claim_ref(&a)]).await.unwrap();
         assert_eq!(r, BTreeMap::from([(unknown.clone(), String::new()), (a.clone(), String::new())]), "{version:?}");
     }
 }
@@ -453,7 +216,7 @@ async fn v1_and_v1beta1_prepare_and_unprepare() {
 /// daemon keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_entry_per_claim_and_bad_claims_fail_alone() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let good = uid(1);
     let good_dev = format!("gpu-{}-mig-3g40gb-9-0", m[0]);
@@ -468,17 +231,17 @@ async fn one_entry_per_claim_and_bad_claims_fail_alone() {
     let other_node = uid(6);
     node.write_claim(&other_node, "gpu-99-mig-3g40gb-9-0");
 
-    let daemon = node.serve(&[], &[]).await;
+    let daemon = node.serve().ready().await;
     let kubelet = daemon.register().await;
     let request = [
-        claim(&good),
-        claim(&absent),
-        claim(&malformed),
-        claim(&bad_placement),
+        claim_ref(&good),
+        claim_ref(&absent),
+        claim_ref(&malformed),
+        claim_ref(&bad_placement),
         ClaimRef { uid: String::new(), namespace: NAMESPACE.into(), name: "no-uid".into() },
-        ClaimRef { name: String::new(), ..claim(&no_name) },
-        claim(&other_node),
-        claim(&good),
+        ClaimRef { name: String::new(), ..claim_ref(&no_name) },
+        claim_ref(&other_node),
+        claim_ref(&good),
     ];
     for version in [Version::V1, Version::V1beta1] {
         let r = kubelet.prepare(version, &request).await.unwrap();
@@ -503,16 +266,16 @@ async fn one_entry_per_claim_and_bad_claims_fail_alone() {
         assert_eq!(node.cdi_specs(), 1);
     }
 
-    let many: Vec<ClaimRef> = (0..10_000).map(|n| claim(&uid(1000 + n))).collect();
+    let many: Vec<ClaimRef> = (0..10_000).map(|n| claim_ref(&uid(1000 + n))).collect();
     for version in [Version::V1, Version::V1beta1] {
         let err = kubelet.prepare(version, &many).await.expect_err("10,000 claims in one call");
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
         let err = kubelet.unprepare(version, &many).await.expect_err("10,000 claims in one call");
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
     }
-    let again = kubelet.prepare(Version::V1, &[claim(&good)]).await.unwrap();
+    let again = kubelet.prepare(Version::V1, &[claim_ref(&good)]).await.unwrap();
     assert_device(&ok_devices(&again, &good), &good, &good_dev);
-    let r = kubelet.unprepare(Version::V1, &[claim(&good)]).await.unwrap();
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&good)]).await.unwrap();
     assert_eq!(r, BTreeMap::from([(good.clone(), String::new())]));
     assert_eq!(node.instances(), []);
 }
@@ -522,24 +285,24 @@ async fn one_entry_per_claim_and_bad_claims_fail_alone() {
 /// connection works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_before_registration_are_unavailable() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let c = uid(1);
     let dev = format!("gpu-{}-mig-2g20gb-14-2", m[1]);
     node.write_claim(&c, &dev);
-    let daemon = node.serve(&[], &[]).await;
+    let daemon = node.serve().ready().await;
 
     let early = TestKubelet::unregistered(&daemon.dra).await.unwrap();
     for version in [Version::V1, Version::V1beta1] {
-        let err = early.prepare(version, &[claim(&c)]).await.expect_err("prepare before registration");
+        let err = early.prepare(version, &[claim_ref(&c)]).await.expect_err("prepare before registration");
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
-        let err = early.unprepare(version, &[claim(&c)]).await.expect_err("unprepare before registration");
+        let err = early.unprepare(version, &[claim_ref(&c)]).await.expect_err("unprepare before registration");
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
     }
     assert_eq!(node.instances(), []);
 
     let _kubelet = daemon.register().await;
-    let r = early.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    let r = early.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     assert_device(&ok_devices(&r, &c), &c, &dev);
     assert_eq!(node.placements(), [(m[1], 14, 2, 1)]);
 }
@@ -549,12 +312,12 @@ async fn calls_before_registration_are_unavailable() {
 /// nothing else; a bad GPU instance turns just its own partition unhealthy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_stream_follows_gpus_and_instances() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let c = uid(1);
     let dev = format!("gpu-{}-mig-3g40gb-9-4", m[1]);
     node.write_claim(&c, &dev);
-    let daemon = node.serve(&[], &[]).await;
+    let daemon = node.serve().ready().await;
     let kubelet = daemon.register().await;
     let all = published_devices(&m);
     assert_eq!(all.len(), 2 * 25 + 1);
@@ -579,7 +342,7 @@ async fn health_stream_follows_gpus_and_instances() {
         assert_eq!(*s, want, "{d}");
     }
 
-    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     assert_device(&ok_devices(&r, &c), &c, &dev);
     let gi = node.instances().into_iter().find(|i| i.0 == m[1]).expect("the claim's instance").4;
     node.cli(&["sim", "health", "--gpu", "1", "--gi", &gi.to_string(), "--unhealthy"]);
@@ -602,19 +365,19 @@ async fn health_stream_follows_gpus_and_instances() {
 /// be registered through it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_registration_socket_is_recreated() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let c = uid(1);
     let dev = format!("gpu-{}", m[2]);
     node.write_claim(&c, &dev);
-    let daemon = node.serve(&[], &[]).await;
+    let daemon = node.serve().ready().await;
     let _first = daemon.register().await;
 
     // The inode alone could be reused by the file system; with the change time it cannot.
     let identity = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()));
     let old = identity(&daemon.registration).unwrap();
     std::fs::remove_file(&daemon.registration).unwrap();
-    let took = within(Duration::from_secs(1), || is_socket(&daemon.registration)).await;
+    let took = within("a new registration socket", Duration::from_secs(1), || is_socket(&daemon.registration)).await;
     let Some(took) = took else { panic!("the registration socket was not re-created within 1 s:\n{}", daemon.log()) };
     println!("registration socket re-created after {took:?}");
     assert_ne!(identity(&daemon.registration).unwrap(), old, "a new socket");
@@ -622,7 +385,7 @@ async fn a_deleted_registration_socket_is_recreated() {
     let mut daemon = daemon;
     daemon.wait_ready().await;
     let kubelet = daemon.register().await;
-    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     assert_device(&ok_devices(&r, &c), &c, &dev);
     assert!(daemon.log().contains("re-creating"), "the daemon says why:\n{}", daemon.log());
 }
@@ -632,38 +395,37 @@ async fn a_deleted_registration_socket_is_recreated() {
 /// one instance, and unprepare leaves neither instances nor checkpoint entries behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_prepare_converges_after_restart() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let c = uid(1);
     let dev = format!("gpu-{}-mig-4g40gb-5-0", m[0]);
     node.write_claim(&c, &dev);
 
-    let mut slow = node.serve(&[], &[SLOW_CI]).await;
+    let mut slow = node.serve().env(SLOW_CI.0, SLOW_CI.1).ready().await;
     let kubelet = slow.register().await;
     let inflight = tokio::spawn({
-        let (kubelet, c) = (kubelet.clone(), claim(&c));
+        let (kubelet, c) = (kubelet.clone(), claim_ref(&c));
         async move { kubelet.prepare(Version::V1, &[c]).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!inflight.is_finished(), "the prepare should still be creating the compute instance");
-    slow.child.kill().unwrap();
-    slow.child.wait().unwrap();
+    slow.kill();
     let killed = tokio::time::timeout(Duration::from_secs(5), inflight).await.unwrap().unwrap();
     assert!(killed.is_err(), "a killed daemon answered: {killed:?}");
     let at_kill = node.placements();
     println!("at SIGKILL the hardware held {at_kill:?}");
     drop(slow);
 
-    let daemon = node.serve(&[], &[]).await;
+    let daemon = node.serve().ready().await;
     let kubelet = daemon.register().await;
-    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     assert_device(&ok_devices(&r, &c), &c, &dev);
     assert_eq!(node.placements(), [(m[0], 5, 0, 1)], "exactly the claim's instance");
 
-    let r = kubelet.unprepare(Version::V1, &[claim(&c)]).await.unwrap();
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     assert_eq!(r, BTreeMap::from([(c.clone(), String::new())]));
     assert_eq!(node.instances(), []);
-    assert_eq!(node.checkpoint(), json!([]));
+    assert_eq!(node.checkpoint(), Vec::<Value>::new());
     assert_eq!(node.cdi_specs(), 0);
 }
 
@@ -672,18 +434,18 @@ async fn sigkill_mid_prepare_converges_after_restart() {
 /// exactly one instance on the GPU.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_hangs_up_mid_prepare() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let c = uid(1);
     let dev = format!("gpu-{}-mig-1g20gb-15-6", m[1]);
     node.write_claim(&c, &dev);
-    let mut daemon = node.serve(&[], &[SLOW_CI]).await;
+    let mut daemon = node.serve().env(SLOW_CI.0, SLOW_CI.1).ready().await;
     let kubelet = daemon.register().await;
 
     // Its own connection, closed with the call.
     let impatient = TestKubelet::unregistered(&daemon.dra).await.unwrap();
     let call = tokio::spawn({
-        let c = claim(&c);
+        let c = claim_ref(&c);
         async move { impatient.prepare(Version::V1, &[c]).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -692,13 +454,13 @@ async fn a_client_that_hangs_up_mid_prepare() {
     assert!(call.await.unwrap_err().is_cancelled());
 
     let started = Instant::now();
-    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     println!("the retry returned after {:?}", started.elapsed());
     assert_device(&ok_devices(&r, &c), &c, &dev);
     assert_eq!(node.placements(), [(m[1], 15, 6, 1)], "exactly one instance");
     assert!(daemon.running(), "the daemon died:\n{}", daemon.log());
-    assert_eq!(kubelet.prepare(Version::V1beta1, &[claim(&c)]).await.unwrap(), r);
-    let r = kubelet.unprepare(Version::V1, &[claim(&c)]).await.unwrap();
+    assert_eq!(kubelet.prepare(Version::V1beta1, &[claim_ref(&c)]).await.unwrap(), r);
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     assert_eq!(r, BTreeMap::from([(c.clone(), String::new())]));
     assert_eq!(node.instances(), []);
 }
@@ -709,16 +471,16 @@ async fn a_client_that_hangs_up_mid_prepare() {
 /// connection, which a kubelet holds, do not hold it up) and removes its DRA socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_calls_then_exits() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let c = uid(1);
     let dev = format!("gpu-{}-mig-2g20gb-14-4", m[0]);
     node.write_claim(&c, &dev);
     let grace = Duration::from_secs(10);
-    let mut daemon = node.serve(&["--grace", "10s"], &[SLOW_CI]).await;
+    let mut daemon = node.serve().args(["--grace", "10s"]).env(SLOW_CI.0, SLOW_CI.1).ready().await;
     let kubelet = daemon.register().await;
     let inflight = tokio::spawn({
-        let (kubelet, c) = (kubelet.clone(), claim(&c));
+        let (kubelet, c) = (kubelet.clone(), claim_ref(&c));
         async move { kubelet.prepare(Version::V1, &[c]).await }
     });
     // What a real kubelet holds open besides: the health stream and a registration connection.
@@ -734,10 +496,9 @@ async fn sigterm_drains_in_flight_calls_then_exits() {
     assert!(!inflight.is_finished(), "the prepare should still be in flight");
 
     let term = Instant::now();
-    let status = Command::new("kill").args(["-TERM", &daemon.pid().to_string()]).status().unwrap();
-    assert!(status.success());
+    daemon.sigterm();
     let (reg, dra) = (daemon.registration.clone(), daemon.dra.clone());
-    let gone = within(Duration::from_secs(2), || {
+    let gone = within("the registration socket to go", Duration::from_secs(2), || {
         let gone = !reg.exists();
         if gone {
             assert!(is_socket(&dra), "the DRA socket went before the registration socket");
@@ -767,22 +528,22 @@ async fn sigterm_drains_in_flight_calls_then_exits() {
     .await;
     assert!(end.is_ok(), "the health stream did not end with the process");
     assert_eq!(node.placements(), [(m[0], 14, 4, 1)], "the prepared claim keeps its instance");
-    assert_eq!(node.checkpoint().as_array().unwrap().len(), 1);
+    assert_eq!(node.checkpoint().len(), 1);
 }
 
 /// With a pod UID (rolling updates: old and new pod registered at once) both socket names carry
 /// it, and the endpoint the kubelet is given is the UID's DRA socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_uid_names_the_sockets() {
-    let node = Node::new();
-    let daemon = node.serve(&[], &[("POD_UID", "abc")]).await;
+    let node = sim_node();
+    let daemon = node.serve().pod_uid("abc").ready().await;
     assert!(is_socket(&node.plugin_dir().join("dra-abc.sock")));
     assert!(is_socket(&node.registry_dir().join(format!("{DRIVER}-abc-reg.sock"))));
     assert!(!node.plugin_dir().join("dra.sock").exists());
     assert!(!node.registry_dir().join(format!("{DRIVER}-reg.sock")).exists());
     let kubelet = daemon.register().await;
     assert_eq!(Path::new(&kubelet.info.endpoint), node.plugin_dir().join("dra-abc.sock"));
-    let r = kubelet.unprepare(Version::V1, &[claim(&uid(1))]).await.unwrap();
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&uid(1))]).await.unwrap();
     assert_eq!(r, BTreeMap::from([(uid(1), String::new())]));
 }
 
@@ -791,39 +552,16 @@ async fn pod_uid_names_the_sockets() {
 /// plugin directory (which then also holds the checkpoint) is still 0750.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registration_socket_that_cannot_be_made_stops_the_daemon() {
-    use std::os::unix::fs::PermissionsExt;
-    let node = Node::new();
+    let node = sim_node();
     std::fs::create_dir_all(node.registry_dir()).unwrap();
     std::fs::write(node.registry_dir().join(format!("{DRIVER}-reg.sock")), b"not a socket").unwrap();
-    let mut daemon = node.spawn(&[], &[]);
+    let mut daemon = node.serve().spawn();
     let status = daemon.wait_exit(Duration::from_secs(10)).await.expect("the daemon stops");
     assert_eq!(status.code(), Some(1), "{}", daemon.log());
     assert!(daemon.log().contains("not a socket"), "{}", daemon.log());
 
-    let plain = Node::new();
-    let d = plain.dir();
-    let mut cmd = migdra_cmd();
-    cmd.arg("serve")
-        .arg("--sim-state")
-        .arg(d.join("gpus.json"))
-        .arg("--cdi-dir")
-        .arg(d.join("cdi"))
-        .arg("--claims-dir")
-        .arg(d.join("claims"))
-        .args(["--node-name", NODE])
-        .arg("--plugin-dir")
-        .arg(plain.plugin_dir())
-        .arg("--registry-dir")
-        .arg(plain.registry_dir())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut daemon = Daemon {
-        child: cmd.spawn().unwrap(),
-        registration: plain.registry_dir().join(format!("{DRIVER}-reg.sock")),
-        dra: plain.plugin_dir().join("dra.sock"),
-        log: d.join("none.log"),
-    };
-    daemon.wait_ready().await;
+    let plain = NodeDir::new().without_state_dir().simulate(SPEC);
+    let _daemon = plain.serve().default_intervals().ready().await;
     let mode = std::fs::metadata(plain.plugin_dir()).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o750);
     let lock = std::fs::read_dir(plain.plugin_dir())
@@ -935,8 +673,8 @@ mod wire {
 /// foreign client writes it, and the daemon says at debug level what it replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_socket_answers_the_authority_grpc_clients_send_over_unix_sockets() {
-    let node = Node::new();
-    let daemon = node.serve(&["--log-level", "debug"], &[]).await;
+    let node = sim_node();
+    let daemon = node.serve().args(["--log-level", "debug"]).ready().await;
     let _kubelet = daemon.register().await;
     let calls: [(&Path, &str, bool); 4] = [
         (&daemon.registration, "/pluginregistration.Registration/GetInfo", false),
@@ -971,7 +709,9 @@ async fn every_socket_answers_the_authority_grpc_clients_send_over_unix_sockets(
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let _ = std::io::Read::read_to_end(&mut s, &mut rest);
     assert!(
-        within(Duration::from_secs(5), || daemon.log().contains("refusing an HTTP/2 connection")).await.is_some(),
+        within("the refusal logged", Duration::from_secs(5), || daemon.log().contains("refusing an HTTP/2 connection"))
+            .await
+            .is_some(),
         "a refused connection is not logged:\n{}",
         daemon.log()
     );
@@ -984,23 +724,23 @@ async fn every_socket_answers_the_authority_grpc_clients_send_over_unix_sockets(
 /// not start. The repeat writes it again; `cleanup` reports and repairs it; a restart repairs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_or_changed_spec_is_written_again() {
-    let node = Node::new();
+    let node = sim_node();
     let m = node.minors();
     let a = uid(1);
     let device = format!("gpu-{}-mig-3g40gb-9-4", m[0]);
     node.write_claim(&a, &device);
-    let spec_path = node.dir().join("cdi").join(format!("{DRIVER}-claim_{a}.json"));
-    let mut daemon = node.serve(&[], &[]).await;
+    let spec_path = node.cdi_dir().join(format!("{DRIVER}-claim_{a}.json"));
+    let mut daemon = node.serve().ready().await;
     let kubelet = daemon.register().await;
-    let first = kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap();
+    let first = kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap();
     let written = std::fs::read(&spec_path).unwrap();
     let instances = node.instances();
 
     std::fs::remove_file(&spec_path).unwrap();
-    assert_eq!(kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap(), first);
+    assert_eq!(kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap(), first);
     assert_eq!(std::fs::read(&spec_path).unwrap(), written, "a deleted spec is written again, the same");
     std::fs::write(&spec_path, b"{\"cdiVersion\":\"0.6.0\",\"kind\":\"x/y\",\"devices\":[]}").unwrap();
-    assert_eq!(kubelet.prepare(Version::V1beta1, &[claim(&a)]).await.unwrap(), first);
+    assert_eq!(kubelet.prepare(Version::V1beta1, &[claim_ref(&a)]).await.unwrap(), first);
     assert_eq!(std::fs::read(&spec_path).unwrap(), written, "a changed spec is written again");
     assert_eq!(node.instances(), instances, "repairing a spec touches no instance");
     let spec: Value = serde_json::from_slice(&written).unwrap();
@@ -1026,9 +766,8 @@ async fn a_deleted_or_changed_spec_is_written_again() {
 
     std::fs::remove_file(&spec_path).unwrap();
     drop(kubelet);
-    daemon.child.kill().unwrap();
-    let _ = daemon.child.wait();
-    let daemon = node.serve(&[], &[]).await;
+    daemon.kill();
+    let daemon = node.serve().ready().await;
     assert_eq!(std::fs::read(&spec_path).unwrap(), written, "startup recovery writes the spec again");
     assert_eq!(node.instances(), instances);
     assert!(daemon.log().contains("CDI spec was missing on disk"), "{}", daemon.log());

@@ -16,25 +16,27 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use migdra::gpu::sim::SimBackend;
 use migdra::gpu::{SIM_CAPS_MAJOR, capability_minors};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
+use support::cluster::{apply, create_node, pool, repo};
 use support::controlplane::ControlPlane;
+use support::daemon::Daemon;
+use support::eventually::eventually;
 use support::kubelet_code::{Build, Dirs, KUBELET_134, KUBELET_136, KubeletCode, ms_between, unix_ms};
+use support::logs::{file_tail, tail};
+use support::node::NodeDir;
+use support::{DRIVER, NODE};
 
-const DRIVER: &str = "mig.slinky.slurm.net";
-const NODE: &str = "node-a";
 const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
 const NS: &str = "team-a";
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,74 +44,21 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// One control plane at a time: two on two cores would only slow each other down.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A `migdra` command with none of the caller's migdra settings.
-fn migdra() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MIGDRA_") || k == "KUBECONFIG" || k == "NODE_NAME" || k == "POD_UID" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-/// A running `migdra serve`; SIGKILLed when dropped.
-struct Serve {
-    child: Child,
-    log: PathBuf,
-    started: SystemTime,
-    /// The DRA socket it serves, as it registers it.
-    endpoint: PathBuf,
-    registration: PathBuf,
-}
-
-impl Serve {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM, as the kubelet stops a pod; waits for the exit.
-    async fn terminate(&mut self) {
-        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "migdra serve after SIGTERM: {status}\n{}", tail(&self.log(), 30));
-                return;
-            }
-            assert!(Instant::now() < deadline, "migdra serve still running 40 s after SIGTERM");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM, as the kubelet stops a pod; it must exit 0 within its grace period.
+async fn terminate(serve: &mut Daemon) {
+    let status = serve.terminate(Duration::from_secs(40)).await;
+    assert!(status.success(), "migdra serve after SIGTERM: {status}\n{}", serve.log_tail());
 }
 
 /// The control plane, one simulated node's directories and the things running on it.
 struct Env {
     client: kube::Client,
     cp: ControlPlane,
-    dir: tempfile::TempDir,
+    node: NodeDir,
     bin: PathBuf,
     /// GPU minors of the node (the harness stubs their /dev nodes).
     minors: Vec<u32>,
-    serves: u32,
     kubelets: u32,
-}
-
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 impl Env {
@@ -119,98 +68,47 @@ impl Env {
         println!("control plane: {} (started in {:.1?})", cp.versions, cp.startup);
         println!("kubelet code: {} ({})", bin.display(), build.module);
         let client = cp.client().await;
-        create_node(&client).await;
+        create_node(&client, NODE).await;
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
         for file in ["daemonset/base/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
-            apply(&client, &repo().join(file)).await;
+            apply(&client, &repo().join(file), NS).await;
         }
-        let dir = tempfile::Builder::new().prefix("migdra-kc-").tempdir().unwrap();
-        let out =
-            migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(dir.path().join("gpus.json")).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let mut env = Self { client, cp, dir, bin, minors: Vec::new(), serves: 0, kubelets: 0 };
-        env.minors =
-            env.layout()["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap() as u32).collect();
-        env
-    }
-
-    fn d(&self) -> &Path {
-        self.dir.path()
+        let node = NodeDir::new().simulate(SPEC).kubeconfig(cp.kubeconfig().to_path_buf());
+        let minors = node.minors().into_iter().map(|m| m as u32).collect();
+        Self { client, cp, node, bin, minors, kubelets: 0 }
     }
 
     fn sim_state(&self) -> PathBuf {
-        self.d().join("gpus.json")
-    }
-
-    fn plugin_dir(&self) -> PathBuf {
-        self.d().join("plugins").join(DRIVER)
-    }
-
-    fn registry_dir(&self) -> PathBuf {
-        self.d().join("plugins_registry")
+        self.node.sim_state()
     }
 
     fn cdi_dir(&self) -> PathBuf {
-        self.d().join("cdi")
+        self.node.cdi_dir()
     }
 
-    /// `migdra serve` as the DaemonSet runs it, `POD_UID` set when given.
-    async fn serve(&mut self, pod_uid: Option<&str>) -> Serve {
-        self.serves += 1;
-        let log = self.d().join(format!("serve-{}.log", self.serves));
-        let mut cmd = migdra();
-        cmd.arg("serve")
-            .arg("--sim-state")
-            .arg(self.sim_state())
-            .arg("--kubeconfig")
-            .arg(self.cp.kubeconfig())
-            .arg("--plugin-dir")
-            .arg(self.plugin_dir())
-            .arg("--registry-dir")
-            .arg(self.registry_dir())
-            .arg("--cdi-dir")
-            .arg(self.cdi_dir())
-            .arg("--state-dir")
-            .arg(self.d().join("migdra-state"))
-            .args(["--node-name", NODE, "--health-interval", "100ms", "--socket-check", "100ms", "--grace", "10s"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        let (endpoint, registration) = match pod_uid {
-            Some(uid) => {
-                cmd.env("POD_UID", uid);
-                (
-                    self.plugin_dir().join(format!("dra-{uid}.sock")),
-                    self.registry_dir().join(format!("{DRIVER}-{uid}-reg.sock")),
-                )
-            }
-            None => (self.plugin_dir().join("dra.sock"), self.registry_dir().join(format!("{DRIVER}-reg.sock"))),
-        };
-        let started = SystemTime::now();
-        let child = cmd.spawn().unwrap();
-        let mut serve = Serve { child, log, started, endpoint, registration };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&serve.registration).is_err() {
-            assert!(serve.child.try_wait().unwrap().is_none(), "migdra serve exited:\n{}", serve.log());
-            assert!(Instant::now() < deadline, "no registration socket after 20 s:\n{}", serve.log());
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    /// `migdra serve` as the DaemonSet runs it, `POD_UID` set when given; once it answers.
+    async fn serve(&self, pod_uid: Option<&str>) -> Daemon {
+        let serve = self.node.serve().args(["--grace", "10s"]);
+        match pod_uid {
+            Some(uid) => serve.pod_uid(uid),
+            None => serve,
         }
-        serve
+        .ready()
+        .await
     }
 
     /// The kubelet code with its checkpoint in `state` (a name under the node's directory).
     fn kubelet(&mut self, state: &str) -> KubeletCode {
         self.kubelets += 1;
-        let dirs = Dirs { registry: self.registry_dir(), state: self.d().join(state), cdi: self.cdi_dir() };
-        let log = self.d().join(format!("kubelet-{}.log", self.kubelets));
+        let dirs =
+            Dirs { registry: self.node.registry_dir(), state: self.node.path().join(state), cdi: self.cdi_dir() };
+        let log = self.node.path().join(format!("kubelet-{}.log", self.kubelets));
         KubeletCode::spawn(&self.bin, self.cp.kubeconfig(), NODE, &dirs, &self.minors, log)
     }
 
     fn layout(&self) -> Value {
-        let out = migdra().args(["layout", "-o", "json", "--sim-state"]).arg(self.sim_state()).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
+        self.node.layout()
     }
 
     /// (device name, MIG UUID) of every MIG instance on the node.
@@ -241,34 +139,24 @@ impl Env {
 
     fn diagnostics(&self) -> String {
         let mut out = String::new();
-        for i in 1..=self.serves {
-            let log = std::fs::read_to_string(self.d().join(format!("serve-{i}.log"))).unwrap_or_default();
-            out.push_str(&format!("--- migdra serve #{i}:\n{}\n", tail(&log, 25)));
+        for i in 1..=self.node.daemons() {
+            out.push_str(&file_tail(&format!("migdra serve #{i}"), &self.node.log_of(i), 25));
+            out.push('\n');
         }
         for i in 1..=self.kubelets {
-            let log = std::fs::read_to_string(self.d().join(format!("kubelet-{i}.log"))).unwrap_or_default();
-            out.push_str(&format!("--- migdra-kubelet #{i}:\n{}\n", tail(&log, 25)));
+            out.push_str(&file_tail(
+                &format!("migdra-kubelet #{i}"),
+                &self.node.path().join(format!("kubelet-{i}.log")),
+                25,
+            ));
+            out.push('\n');
         }
         out
     }
 
     /// Our complete pool (every slice of the newest generation); how long it took to be there.
     async fn pool(&self, timeout: Duration) -> (Vec<ResourceSlice>, Duration) {
-        let t = Instant::now();
-        let api: Api<ResourceSlice> = Api::all(self.client.clone());
-        let params = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
-        loop {
-            let all: Vec<ResourceSlice> =
-                api.list(&params).await.unwrap().items.into_iter().filter(|s| s.spec.driver == DRIVER).collect();
-            let generation = all.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-            let current: Vec<ResourceSlice> =
-                all.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
-            if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
-                return (current, t.elapsed());
-            }
-            assert!(t.elapsed() < timeout, "no complete pool within {timeout:?}\n{}", self.diagnostics());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        pool(&self.client, NODE, timeout, || self.diagnostics()).await
     }
 
     /// A pod using one claim: from a template (the scheduler places it), or a claim by name on a
@@ -295,15 +183,16 @@ impl Env {
 
     /// Wait until the scheduler binds the pod.
     async fn bound(&self, name: &str) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let pod = self.pods().get(name).await.unwrap();
-            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "pod {name} not bound: {:?}\n{}", pod.status, self.diagnostics());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(format!("pod {name} bound"))
+            .within(Duration::from_secs(60))
+            .every(Duration::from_millis(100))
+            .explain(|| self.diagnostics())
+            .until_async(move || async move {
+                let pod = self.pods().get(name).await.unwrap();
+                let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                if bound { Ok(()) } else { Err(format!("{:?}", pod.status)) }
+            })
+            .await;
     }
 
     /// A claim allocated by writing its status, as slurm-bridge does: `device` of this node,
@@ -345,29 +234,23 @@ impl Env {
 
     /// Our Ready `status.devices` entry of a claim (waits for migdra's status write).
     async fn device_status(&self, claim: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let c = self.claims().get(claim).await.unwrap();
-            let devices = c.status.as_ref().and_then(|s| s.devices.clone()).unwrap_or_default();
-            if let Some(d) = devices.into_iter().find(|d| d.driver == DRIVER) {
-                let v = serde_json::to_value(&d).unwrap();
-                if v["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                {
-                    return v;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no Ready status on claim {claim}: {:?}\n{}",
-                c.status,
-                self.diagnostics()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(format!("a Ready status on claim {claim}"))
+            .every(Duration::from_millis(100))
+            .explain(|| self.diagnostics())
+            .until_async(move || async move {
+                let c = self.claims().get(claim).await.unwrap();
+                let devices = c.status.as_ref().and_then(|s| s.devices.clone()).unwrap_or_default();
+                let ready = devices.into_iter().map(|d| serde_json::to_value(&d).unwrap()).find(|v| {
+                    v["driver"] == DRIVER
+                        && v["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                });
+                ready.ok_or_else(|| format!("{:?}", c.status))
+            })
+            .await
     }
 
     /// A prepare through the kubelet code that must succeed, checked down to the OCI spec: the
@@ -474,47 +357,9 @@ fn allocated(c: &ResourceClaim) -> Option<String> {
     results.iter().find(|r| r.driver == DRIVER && r.pool == NODE).map(|r| r.device.clone())
 }
 
-async fn create_node(client: &kube::Client) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux"}}
-    }))
-    .unwrap();
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
-    let status = json!({"status": {
-        "capacity": resources,
-        "allocatable": resources,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "migdra-kubelet"}]
-    }});
-    nodes.patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
-    nodes.patch(NODE, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}}))).await.unwrap();
-}
-
-/// `kubectl apply -n team-a -f FILE` for the DeviceClasses and claim templates of daemonset/.
-async fn apply(client: &kube::Client, path: &Path) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let pp = PostParams::default();
-    for doc in serde_norway::Deserializer::from_str(&text) {
-        let doc = Value::deserialize(doc).unwrap();
-        match doc["kind"].as_str() {
-            Some("DeviceClass") => {
-                let dc: DeviceClass = serde_json::from_value(doc).unwrap();
-                Api::<DeviceClass>::all(client.clone()).create(&pp, &dc).await.unwrap();
-            }
-            Some("ResourceClaimTemplate") => {
-                let t: ResourceClaimTemplate = serde_json::from_value(doc).unwrap();
-                Api::<ResourceClaimTemplate>::namespaced(client.clone(), NS).create(&pp, &t).await.unwrap();
-            }
-            None if doc.is_null() => {}
-            other => panic!("{}: unexpected kind {other:?}", path.display()),
-        }
-    }
-}
-
 /// Scenario 1: the kubelet's plugin manager registers migdra; time from migdra's start.
-async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Serve, after: usize, what: &str) -> Value {
-    let endpoint = serve.endpoint.file_name().unwrap().to_string_lossy().into_owned();
+async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Daemon, after: usize, what: &str) -> Value {
+    let endpoint = serve.dra.file_name().unwrap().to_string_lossy().into_owned();
     let a = kubelet.wait_registered(DRIVER, REGISTER_TIMEOUT, after, &format!("/{endpoint}")).await;
     if a["ok"] != true {
         let log = std::fs::read_to_string(&kubelet.log).unwrap_or_default();
@@ -531,7 +376,7 @@ async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Serve, after: us
     let at = unix_ms(&a["unix_ms"]);
     let events = a["events"].as_array().unwrap();
     let register = &events[a["index"].as_u64().unwrap() as usize];
-    assert_eq!(register["endpoint"], serve.endpoint.display().to_string(), "{register}");
+    assert_eq!(register["endpoint"], serve.dra.display().to_string(), "{register}");
     let versions: Vec<&str> = register["versions"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert!(versions.contains(&"v1.DRAPlugin"), "{versions:?}");
     assert!(
@@ -544,7 +389,7 @@ async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Serve, after: us
         "  {what}: registered by the plugin manager {} ms after migdra started ({} ms after the kubelet code started); endpoint {}, services {versions:?}",
         ms_between(serve.started, at),
         ms_between(kubelet.spawned, at),
-        serve.endpoint.display()
+        serve.dra.display()
     );
     a
 }
@@ -683,8 +528,8 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
 
     println!("5a. migdra restart: SIGTERM, start again");
     let before = kubelet.events().await.len();
-    serve.terminate().await;
-    let dereg = event(&mut kubelet, "deregister", Some(&serve.endpoint), before).await;
+    terminate(&mut serve).await;
+    let dereg = event(&mut kubelet, "deregister", Some(&serve.dra), before).await;
     println!("  deregistered at {} ms (kubelet clock) once the registration socket went", dereg["ms"]);
     let after = kubelet.events().await.len();
     let mut serve = env.serve(None).await;
@@ -716,15 +561,15 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let new = env.serve(Some("7b0c1e52-0000-4000-8000-00000000000b")).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    serve.terminate().await;
+    terminate(&mut serve).await;
     let old_gone = SystemTime::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     let (mut kubelet, results) = cycles.await.unwrap();
     let failed: Vec<_> = results.iter().filter(|(_, _, a)| a["ok"] != true).collect();
     assert!(failed.is_empty(), "calls failed during the rolling upgrade: {failed:?}\n{}", env.diagnostics());
-    let registered = event(&mut kubelet, "register", Some(&new.endpoint), events_before).await;
-    let dereg = event(&mut kubelet, "deregister", Some(&serve.endpoint), events_before).await;
+    let registered = event(&mut kubelet, "register", Some(&new.dra), events_before).await;
+    let dereg = event(&mut kubelet, "deregister", Some(&serve.dra), events_before).await;
     let new_at = unix_ms(&registered["unix_ms"]);
     let through_new = results.iter().filter(|(t, _, _)| *t > new_at).count();
     let after_old = results.iter().filter(|(t, _, _)| *t > old_gone).count();
@@ -747,7 +592,7 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
         "  prepares of p-2g logged by the old plugin: {by_old} (before the upgrade too), by the new one: {by_new}"
     );
     env.prepared(&mut kubelet, "p-2g").await;
-    println!("  with the old plugin gone, p-2g prepared again through {}", new.endpoint.display());
+    println!("  with the old plugin gone, p-2g prepared again through {}", new.dra.display());
     drop(serve);
     drop(new);
 }
@@ -828,7 +673,7 @@ async fn kubelet_136_health_overlap_and_reboot() {
     assert_eq!(env.instances(), instances, "nothing created");
     assert_eq!(env.cdi_specs(), specs, "no CDI spec");
     assert!(!env.cdi_specs().iter().any(|s| s.contains(&uid)));
-    let checkpoint = std::fs::read_to_string(env.d().join("migdra-state/checkpoint.json")).unwrap();
+    let checkpoint = std::fs::read_to_string(env.node.state_dir().join("checkpoint.json")).unwrap();
     assert!(!checkpoint.contains(&uid), "migdra's checkpoint keeps the refused claim: {checkpoint}");
     let status = env.claims().get("overlap").await.unwrap().status.and_then(|s| s.devices).unwrap_or_default();
     let ready: Vec<Value> = status.iter().map(|d| serde_json::to_value(d).unwrap()["conditions"].clone()).collect();
@@ -838,7 +683,7 @@ async fn kubelet_136_health_overlap_and_reboot() {
     assert_eq!(env.instances(), instances);
 
     println!("8. a simulated reboot: everything on the node stops, the GPUs lose their instances");
-    serve.terminate().await;
+    terminate(&mut serve).await;
     kubelet.kill();
     sim.reboot().unwrap();
     // /var/run (the CDI specs) is a tmpfs: a reboot empties it; /var/lib/kubelet stays.

@@ -668,19 +668,19 @@ const ALLOWANCES: &[(&str, &str, &str, &str)] = &[
         "resource.k8s.io",
         "resourceslices",
         "get",
-        "issue 9: every verb on slices; the admission policy keeps writes to the own node",
+        "the plugin may use every verb on its slices; the admission policy keeps writes to its own node",
     ),
-    ("resource.k8s.io", "resourceslices", "patch", "issue 9: every verb on slices"),
-    ("resource.k8s.io", "resourceclaims", "list", "issue 9: get, list, watch, for a claim informer"),
-    ("resource.k8s.io", "resourceclaims", "watch", "issue 9: get, list, watch, for a claim informer"),
-    ("resource.k8s.io", "resourceclaims/status", "patch", "issue 9: the patch twin of update"),
+    ("resource.k8s.io", "resourceslices", "patch", "the plugin may use every verb on its slices"),
+    ("resource.k8s.io", "resourceclaims", "list", "get, list and watch on claims, for a claim informer"),
+    ("resource.k8s.io", "resourceclaims", "watch", "get, list and watch on claims, for a claim informer"),
+    ("resource.k8s.io", "resourceclaims/status", "patch", "the patch twin of update"),
     (
         "resource.k8s.io",
         "resourceclaims/driver",
         "associated-node:patch",
         "1.36+: the patch twin of associated-node:update",
     ),
-    ("", "configmaps", "get", "issue 7: the Slurm index map read from the API; the DaemonSet mounts it as a file"),
+    ("", "configmaps", "get", "the Slurm index map may be read from the API; the DaemonSet mounts it as a file"),
 ];
 
 /// Paths every authenticated user may read (the default ClusterRole system:public-info-viewer).

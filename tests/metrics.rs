@@ -4,90 +4,48 @@
 
 #![allow(clippy::print_stdout)] // the scrape is printed for the README (--show-output)
 
-use migdra::claims::ClaimRef;
-use migdra::kubelet::client::{TestKubelet, Version};
-use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
-const DRIVER: &str = "mig.slinky.slurm.net";
-const NODE: &str = "node-m";
-const NAMESPACE: &str = "team-m";
+use migdra::claims::ClaimRef;
+use migdra::kubelet::client::Version;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::time::Duration;
+use support::claim::Claim;
+use support::command::{Run, migdra};
+use support::daemon::Daemon;
+use support::eventually::eventually;
+use support::logs::file_tail;
+use support::node::NodeDir;
+use support::{NAMESPACE, NODE};
+
 const UID: &str = "5b0c2f3e-9a41-4d2e-8f00-000000000001";
 
-/// A command with none of the caller's `MIGDRA_*`, `POD_UID` or `NODE_NAME` settings.
-fn migdra() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (key, _) in std::env::vars_os() {
-        if let Some(k) = key.to_str()
-            && (k.starts_with("MIGDRA_") || k == "POD_UID" || k == "NODE_NAME")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
+/// The JSON log lines so far.
+fn json_lines(daemon: &Daemon) -> Vec<Value> {
+    daemon
+        .log()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}")))
+        .collect()
 }
 
-fn node_flags(dir: &Path) -> Vec<String> {
-    let p = |name: &str| dir.join(name).display().to_string();
-    vec![
-        "--sim-state".into(),
-        p("gpus.json"),
-        "--state-dir".into(),
-        p("state"),
-        "--cdi-dir".into(),
-        p("cdi"),
-        "--claims-dir".into(),
-        p("claims"),
-        "--node-name".into(),
-        NODE.into(),
-    ]
-}
-
-/// A running `migdra serve`, killed when dropped.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The JSON log lines so far.
-    fn json_lines(&self) -> Vec<Value> {
-        self.log()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}")))
-            .collect()
-    }
-
-    /// The address the metrics endpoint listens on, from its log line.
-    fn metrics_addr(&mut self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            assert!(self.child.try_wait().unwrap().is_none(), "serve exited:\n{}", self.log());
-            if let Some(addr) = self.log().lines().find_map(|l| {
+/// The address the metrics endpoint listens on, from its log line.
+async fn metrics_addr(daemon: &mut Daemon) -> String {
+    let log = daemon.log_path().to_path_buf();
+    eventually("the metrics address logged")
+        .within(Duration::from_secs(15))
+        .every(Duration::from_millis(20))
+        .explain(move || file_tail("migdra serve", &log, 60))
+        .until(|| {
+            assert!(daemon.running(), "serve exited:\n{}", daemon.log());
+            daemon.log().lines().find_map(|l| {
                 let v: Value = serde_json::from_str(l).ok()?;
                 (v["fields"]["message"] == "serving metrics at /metrics")
                     .then(|| v["fields"]["addr"].as_str().map(String::from))?
-            }) {
-                return addr;
-            }
-            assert!(Instant::now() < deadline, "no metrics address logged:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+            })
+        })
+        .await
 }
 
 /// One HTTP request; (status line, body).
@@ -114,7 +72,7 @@ fn sample(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
 }
 
-/// Every family of issue 9 item 3, with its type.
+/// Every metric family the daemon exports, with its type.
 const FAMILIES: [(&str, &str); 6] = [
     ("migdra_prepare_duration_seconds", "histogram"),
     ("migdra_unprepare_duration_seconds", "histogram"),
@@ -128,42 +86,15 @@ const FAMILIES: [(&str, &str); 6] = [
 /// that claim carries its UID and device; an unprepare and a failed prepare are counted too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_its_span() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    let out = migdra().args(["layout", "-o", "json", "--sim", "h100-80gb:1"]).args(node_flags(dir)).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let layout: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let minor = layout["gpus"][0]["minor"].as_u64().unwrap();
+    let node = NodeDir::new().simulate("h100-80gb:1");
+    let minor = node.minors()[0];
     let device = format!("gpu-{minor}-mig-1g10gb-19-3");
-    let claim_object = json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "notebook", "namespace": NAMESPACE, "uid": UID},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-        ]}}}
-    });
-    std::fs::create_dir_all(dir.join("claims")).unwrap();
-    std::fs::write(dir.join("claims/notebook.json"), claim_object.to_string()).unwrap();
+    let claim = Claim::new(UID).named("notebook").device(NODE, &device);
+    node.write_as("notebook", &claim);
 
-    let log = dir.join("serve.log");
-    let registry = dir.join("registry");
-    let child = migdra()
-        .arg("serve")
-        .args(node_flags(dir))
-        .arg("--plugin-dir")
-        .arg(dir.join("plugin"))
-        .arg("--registry-dir")
-        .arg(&registry)
-        .args(["--log-format", "json", "--metrics-addr", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut daemon = Daemon { child, log };
-    let addr = daemon.metrics_addr();
+    let mut daemon =
+        node.serve().default_intervals().args(["--log-format", "json", "--metrics-addr", "127.0.0.1:0"]).spawn();
+    let addr = metrics_addr(&mut daemon).await;
 
     let before = scrape(&addr);
     for (family, kind) in FAMILIES {
@@ -173,14 +104,9 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
     assert_eq!(sample(&before, "migdra_prepare_duration_seconds_count"), 0.0);
     assert_eq!(sample(&before, "migdra_mig_instances{profile=\"1g.10gb\"}"), 0.0);
 
-    let registration = registry.join(format!("{DRIVER}-reg.sock"));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::os::unix::net::UnixStream::connect(&registration).is_err() {
-        assert!(Instant::now() < deadline, "no registration socket:\n{}", daemon.log());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let kubelet = TestKubelet::register(&registration).await.unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
-    let claim = ClaimRef { uid: UID.into(), namespace: NAMESPACE.into(), name: "notebook".into() };
+    daemon.wait_ready().await;
+    let kubelet = daemon.register().await;
+    let claim = claim.reference();
     let prepared = kubelet.prepare(Version::V1, std::slice::from_ref(&claim)).await.unwrap();
     assert!(matches!(prepared.get(UID), Some(Ok(d)) if d.len() == 1), "{prepared:?}\n{}", daemon.log());
     let unknown = ClaimRef { uid: "5b0c2f3e-9a41-4d2e-8f00-00000000dead".into(), ..claim.clone() };
@@ -215,7 +141,7 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
     assert_eq!(http(&addr, "GET / HTTP/1.1\r\n\r\n").0, "HTTP/1.1 200 OK");
 
     // Logs: every line of the claim (prepared, unprepared) carries the claim span.
-    let lines = daemon.json_lines();
+    let lines = json_lines(&daemon);
     let of_claim: Vec<&Value> = lines.iter().filter(|l| l["span"]["claim_uid"] == UID).collect();
     let messages: Vec<&str> = of_claim.iter().filter_map(|l| l["fields"]["message"].as_str()).collect();
     assert!(messages.contains(&"prepared") && messages.contains(&"unprepared"), "{messages:?}\n{}", daemon.log());
@@ -237,21 +163,15 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
 /// refused at start, with one line that names the fix.
 #[test]
 fn a_remote_metrics_address_needs_the_allow_flag() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = migdra()
-        .args(["serve", "--sim", "h100-80gb:1", "--metrics-addr", "0.0.0.0:0"])
-        .args(node_flags(tmp.path()))
-        .arg("--plugin-dir")
-        .arg(tmp.path().join("plugin"))
-        .output()
-        .unwrap();
+    let node = NodeDir::new().in_memory("h100-80gb:1");
+    let out = node.serve().default_intervals().args(["--metrics-addr", "0.0.0.0:0"]).command().run();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     let last = stderr.lines().last().unwrap_or_default();
     assert!(last.contains("not a loopback address") && last.contains("--metrics-allow-remote"), "{stderr}");
-    assert!(!tmp.path().join("plugin").exists(), "nothing was started");
+    assert!(!node.plugin_dir().exists(), "nothing was started");
 
-    let out = migdra().args(["serve", "--metrics-addr", "nonsense"]).output().unwrap();
+    let out = migdra().args(["serve", "--metrics-addr", "nonsense"]).run();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("127.0.0.1:9400"));
 }

@@ -4,23 +4,21 @@
 //! call nothing that changes a GPU; older drivers and GPUs the catalog does not know still work;
 //! a node without a driver fails at start with one clear line.
 
-mod fake_nvml;
+mod support;
 
-use fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
-use migdra::claims::ClaimRef;
 use migdra::gpu::nvml::NvmlBackend;
 use migdra::gpu::nvml::discovery::same_partitions;
 use migdra::gpu::{GpuBackend, GpuError, capability_minors};
-use migdra::kubelet::client::{TestKubelet, Version};
+use migdra::kubelet::client::Version;
 use migdra::kubelet::proto::health_v1alpha1::HealthStatus;
 use migdra::mig::catalog;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const DRIVER: &str = "mig.slinky.slurm.net";
-const NODE: &str = "nvml-node";
+use support::claim::Claim;
+use support::command::{Run, migdra, scrubbed};
+use support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
+use support::{DRIVER, NODE};
 
 /// NVML calls that change the hardware or its MIG mode.
 const MUTATING: [&str; 5] = [
@@ -31,32 +29,6 @@ const MUTATING: [&str; 5] = [
     "nvmlDeviceSetMigMode",
 ];
 
-/// `migdra` with no `MIGDRA_*` or `FAKE_NVML_*` settings inherited from the test's environment.
-fn migdra() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (key, _) in std::env::vars_os() {
-        if let Some(k) = key.to_str()
-            && (k.starts_with("MIGDRA_") || k.starts_with("FAKE_NVML_") || k == "POD_UID" || k == "NODE_NAME")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-/// `migdra` on a fake node's NVML: the library, the procfs tree it keeps, the hardware.
-fn migdra_on(node: &FakeNode) -> Command {
-    let mut cmd = migdra();
-    cmd.arg("--nvml-lib").arg(&node.lib).arg("--procfs-root").arg(&node.procfs);
-    cmd
-}
-
-fn ok(out: Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    text
-}
-
 /// The demo's day — notebooks arriving and leaving, a 7g job waiting for a GPU, a whole GPU with
 /// MIG off — with `migdra serve` on the NVML backend: every instance is made and destroyed through
 /// the fake libnvidia-ml, and MIG mode is never touched.
@@ -64,13 +36,7 @@ fn ok(out: Output) -> String {
 fn serve_on_nvml_runs_the_demo_day_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace");
-    let out = migdra()
-        .args(["demo", "--fast", "--fake-nvml"])
-        .arg(library())
-        .env("FAKE_NVML_TRACE", &trace)
-        .output()
-        .unwrap();
-    let text = ok(out);
+    let text = migdra().args(["demo", "--fast", "--fake-nvml"]).arg(library()).env("FAKE_NVML_TRACE", &trace).ok();
     assert!(text.contains("behind the NVML backend"), "{text}");
     assert!(text.contains("kubelet: registered mig.slinky.slurm.net (DRAPlugin)"), "{text}");
     assert!(text.contains("no 7g.80gb fits anywhere now; erin waits"), "{text}");
@@ -97,55 +63,20 @@ fn serve_on_nvml_runs_the_demo_day_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
     let node = FakeNode::new("h100-80gb:2");
-    let d = node.dir.path();
     let gpus = node.hw.gpus().unwrap();
     let device = format!("gpu-{}-mig-3g40gb-9-4", gpus[1].minor);
     let uid = "0d6f6a52-3c9e-4b8e-9a0c-000000000001";
-    std::fs::create_dir_all(d.join("claims")).unwrap();
-    let claim = json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "c1", "namespace": "ns", "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-        ]}}}
-    });
-    std::fs::write(d.join("claims").join(format!("{uid}.json")), claim.to_string()).unwrap();
-    let registry = d.join("registry");
-    let mut daemon = Daemon(
-        migdra_on(&node)
-            .arg("serve")
-            .arg("--plugin-dir")
-            .arg(d.join("plugin"))
-            .arg("--registry-dir")
-            .arg(&registry)
-            .arg("--cdi-dir")
-            .arg(d.join("cdi"))
-            .arg("--claims-dir")
-            .arg(d.join("claims"))
-            .args(["--node-name", NODE, "--health-interval", "100ms"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("daemon.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let socket = registry.join(format!("{DRIVER}-reg.sock"));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        let log = std::fs::read_to_string(d.join("daemon.log")).unwrap_or_default();
-        assert!(daemon.0.try_wait().unwrap().is_none(), "migdra serve exited:\n{log}");
-        assert!(Instant::now() < deadline, "no registration socket:\n{log}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let kubelet = TestKubelet::register(&socket).await.unwrap();
-    let claim = ClaimRef { uid: uid.into(), namespace: "ns".into(), name: "c1".into() };
+    let claim = Claim::new(uid).named("c1").in_namespace("ns").device(NODE, &device);
+    node.node.write(&claim);
+    let (_daemon, kubelet) = node.node.serve().registered().await;
+    let claim = claim.reference();
     let prepared = kubelet.prepare(Version::V1, std::slice::from_ref(&claim)).await.unwrap();
     assert!(matches!(prepared.get(uid), Some(Ok(d)) if d.len() == 1), "{prepared:?}");
 
     let gi = node.hw.gpu_instances(&gpus[1].uuid).unwrap()[0].clone();
     let ci = node.hw.compute_instances(&gpus[1].uuid, gi.id).unwrap()[0].clone();
     let (gi_minor, ci_minor) = capability_minors(gpus[1].minor, gi.id, ci.id);
-    let spec: Value = serde_json::from_str(&only_file(&d.join("cdi"))).unwrap();
+    let spec: Value = serde_json::from_str(&only_file(&node.node.cdi_dir())).unwrap();
     let caps: Vec<(u64, u64)> = spec["devices"][0]["containerEdits"]["deviceNodes"]
         .as_array()
         .unwrap()
@@ -203,8 +134,8 @@ fn read_only_commands_on_nvml_match_the_simulator_and_change_nothing() {
         &["slices", "-o", "json", "--node-name", NODE],
         &["--mig-mode", "static", "slices", "--node-name", NODE],
     ] {
-        let nvml = ok(migdra_on(&node).args(args).output().unwrap());
-        let sim = ok(migdra().arg("--sim-state").arg(&node.state).args(args).output().unwrap());
+        let nvml = node.migdra().args(args).ok();
+        let sim = migdra().arg("--sim-state").arg(&node.state).args(args).ok();
         assert_eq!(nvml, sim, "migdra {args:?}");
     }
     assert_eq!(node.hw.state().unwrap(), before, "the hardware is as it was");
@@ -224,19 +155,15 @@ fn the_device_check_script_is_read_only() {
     let gi = node.hw.create_gpu_instance(&gpu, 9, 4).unwrap();
     let ci = node.hw.create_compute_instance(&gpu, gi.id, 2).unwrap();
     let before = node.hw.state().unwrap();
-    let out_dir = node.dir.path().join("check");
-    let out = Command::new("bash")
+    let out_dir = node.node.path().join("check");
+    let text = scrubbed("bash")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/check-device.sh"))
         .arg(&out_dir)
-        .env_remove("MIGDRA_SIM")
-        .env_remove("MIGDRA_SIM_STATE")
         .env("MIGDRA", env!("CARGO_BIN_EXE_migdra"))
         .env("MIGDRA_NVML_LIB", &node.lib)
         .env("MIGDRA_PROCFS_ROOT", &node.procfs)
         .env("NODE_NAME", NODE)
-        .output()
-        .unwrap();
-    let text = ok(out);
+        .ok();
     assert!(text.contains(&ci.uuid), "the existing instance: {text}");
     assert!(text.contains(&format!("pool {NODE} of {DRIVER}")), "the slices: {text}");
     assert!(text.contains("nvidia-caps"), "the driver's procfs: {text}");
@@ -310,14 +237,14 @@ fn a_node_without_a_working_driver_fails_at_start_with_one_line() {
     let lone = dir.path().join("libnvidia-ml.so.1");
     std::fs::copy(library(), &lone).unwrap();
     // No fake-nvml.conf and no FAKE_NVML_STATE: a driver that is not loaded.
-    let out = migdra().arg("--nvml-lib").arg(&lone).arg("layout").output().unwrap();
+    let out = migdra().arg("--nvml-lib").arg(&lone).arg("layout").run();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("the NVIDIA kernel driver is not loaded"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
     let missing = dir.path().join("nothing/libnvidia-ml.so.1");
-    let out = migdra().arg("--nvml-lib").arg(&missing).args(["slices", "--node-name", NODE]).output().unwrap();
+    let out = migdra().arg("--nvml-lib").arg(&missing).args(["slices", "--node-name", NODE]).run();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("failed to load NVML from") && err.contains("--nvml-lib"), "{err}");
@@ -329,16 +256,6 @@ fn a_node_without_a_working_driver_fails_at_start_with_one_line() {
     let backend = NvmlBackend::open(&opts).unwrap();
     let e = backend.caps_major().unwrap_err();
     assert!(matches!(e, GpuError::Procfs { .. }) && e.to_string().contains("no-proc/devices"), "{e}");
-}
-
-/// The daemon child; killed if the test fails half-way.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn only_file(dir: &Path) -> String {

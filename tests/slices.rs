@@ -4,6 +4,8 @@
 
 #![allow(clippy::print_stdout)] // the test prints the slice counts per layout
 
+mod support;
+
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use migdra::kube::slices::{self, Layout};
 use migdra::mig::catalog::model;
@@ -12,7 +14,7 @@ use migdra::mig::naming::DeviceName;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::process::Command;
+use support::command::Run;
 
 const SIM: &str = "h100-80gb:16";
 
@@ -27,20 +29,11 @@ struct List {
 
 fn migdra(dir: &Path, args: &[&str]) -> String {
     let state = dir.join("sim.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_migdra"))
+    support::command::migdra()
         .args(["--sim", SIM, "--sim-state", state.to_str().unwrap(), "--node-name", "node-a"])
         .args(["--state-dir", dir.join("state").to_str().unwrap()])
         .args(args)
-        .env_remove("MIGDRA_SIM_FAULTS")
-        .env_remove("MIGDRA_OUTPUT")
-        .env_remove("MIGDRA_SLICE_LAYOUT")
-        .env_remove("MIGDRA_DRIVER_NAME")
-        .env_remove("MIGDRA_MIG_MODE")
-        .env_remove("MIGDRA_DEVICE_ORDER")
-        .output()
-        .expect("run migdra");
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
+        .ok()
 }
 
 fn slices(dir: &Path, layout: &str, format: &str) -> Vec<ResourceSlice> {

@@ -2,7 +2,10 @@
 //! checkpoint write and each NVML mutation, through the `MIGDRA_CRASH_AT` hook), restarted, and
 //! the kubelet retries until the claim converges.
 
-use crate::common::{Daemon, Node, claim, figure, uid};
+use crate::common::figure;
+use crate::support::claim::{claim_ref, uid};
+use crate::support::daemon::Daemon;
+use crate::support::node::NodeDir;
 use migdra::kubelet::client::{TestKubelet, Version};
 use migdra::prepare::Step;
 use std::os::unix::process::ExitStatusExt;
@@ -40,7 +43,7 @@ fn is_prepare(step: Step) -> bool {
 /// Prepare until the daemon answers with devices; how many calls it took.
 async fn prepare_until_ok(kubelet: &TestKubelet, c: &str, daemon: &Daemon) -> usize {
     for n in 1..=20 {
-        if let Ok(r) = kubelet.prepare(Version::V1, &[claim(c)]).await
+        if let Ok(r) = kubelet.prepare(Version::V1, &[claim_ref(c)]).await
             && r.get(c).is_some_and(Result::is_ok)
         {
             return n;
@@ -52,7 +55,7 @@ async fn prepare_until_ok(kubelet: &TestKubelet, c: &str, daemon: &Daemon) -> us
 
 async fn unprepare_until_ok(kubelet: &TestKubelet, c: &str, daemon: &Daemon) -> usize {
     for n in 1..=20 {
-        if let Ok(r) = kubelet.unprepare(Version::V1, &[claim(c)]).await
+        if let Ok(r) = kubelet.unprepare(Version::V1, &[claim_ref(c)]).await
             && r.get(c).is_some_and(String::is_empty)
         {
             return n;
@@ -68,19 +71,19 @@ async fn sigkill_at_every_step_converges() {
     for (spec, suffix, expect) in PROFILES {
         for step in Step::ALL {
             t.tried += 1;
-            let node = Node::new(spec);
+            let node = NodeDir::new().simulate(spec);
             let minor = node.minors()[0];
             let device = if suffix.is_empty() { format!("gpu-{minor}") } else { format!("gpu-{minor}-{suffix}") };
             let c = uid(1);
             node.write_claim(&c, &device);
 
-            let (mut doomed, kubelet) = node.serve(&[], &[("MIGDRA_CRASH_AT", step.name())]).await;
+            let (mut doomed, kubelet) = node.serve().env("MIGDRA_CRASH_AT", step.name()).registered().await;
             let answer = if is_prepare(step) {
-                kubelet.prepare(Version::V1, &[claim(&c)]).await.map(|r| r[&c].is_ok())
+                kubelet.prepare(Version::V1, &[claim_ref(&c)]).await.map(|r| r[&c].is_ok())
             } else {
-                let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+                let r = kubelet.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
                 assert!(r[&c].is_ok(), "{r:?}");
-                kubelet.unprepare(Version::V1, &[claim(&c)]).await.map(|r| r[&c].is_empty())
+                kubelet.unprepare(Version::V1, &[claim_ref(&c)]).await.map(|r| r[&c].is_empty())
             };
             match doomed.wait_exit(Duration::from_secs(5)).await {
                 Some(status) => {
@@ -96,10 +99,10 @@ async fn sigkill_at_every_step_converges() {
             }
             drop(doomed);
 
-            let (daemon, kubelet) = node.serve(&[], &[]).await;
+            let (daemon, kubelet) = node.serve().registered().await;
             if is_prepare(step) {
                 t.retries += prepare_until_ok(&kubelet, &c, &daemon).await;
-                let held = node.instances();
+                let held = node.placements();
                 let want: Vec<_> = expect.map(|(p, s)| (minor, p, s, 1)).into_iter().collect();
                 if held != want {
                     t.double += held.len().saturating_sub(1);
@@ -107,7 +110,7 @@ async fn sigkill_at_every_step_converges() {
                 }
             }
             t.retries += unprepare_until_ok(&kubelet, &c, &daemon).await;
-            t.leaked += node.instances().len();
+            t.leaked += node.placements().len();
             t.stuck += node.checkpoint().len() + node.cdi_specs();
         }
     }

@@ -1,4 +1,5 @@
-//! Reliability and security suite (issue 10): every test prints its figures as `FIGURE` lines,
+//! Reliability and security suite (crash points, a storm, outages, security checks): every test
+//! prints its figures as `FIGURE` lines,
 //! which `hack/reliability.sh` gathers into one table. The counts that must be zero (leaked
 //! instances, double allocations, stuck claims) are also asserted here.
 

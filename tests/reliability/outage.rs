@@ -2,8 +2,12 @@
 //! wiped, a node reboot, and a state directory that is read-only or full. In each the daemon keeps
 //! running, fails what it cannot do with a clear error, and recovers by itself.
 
-use crate::common::{DRIVER, NAMESPACE, NODE, Node, claim, figure, uid};
-use crate::support::apiserver::{ApiServer, Fault, FaultKind};
+use crate::common::figure;
+use crate::support::claim::{Claim, claim_ref, uid};
+use crate::support::eventually::eventually;
+use crate::support::fake_apiserver::{ApiServer, Fault, FaultKind};
+use crate::support::node::NodeDir;
+use crate::support::{DRIVER, NAMESPACE, NODE};
 use migdra::kubelet::client::{TestKubelet, Version};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -33,7 +37,7 @@ fn short(e: &str, tmp: &Path) -> String {
 async fn prepare_until_ok(kubelet: &TestKubelet, u: &str, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     while started.elapsed() < limit {
-        if let Ok(r) = kubelet.prepare(Version::V1, &[claim(u)]).await
+        if let Ok(r) = kubelet.prepare(Version::V1, &[claim_ref(u)]).await
             && r[u].is_ok()
         {
             return Some(started.elapsed());
@@ -52,16 +56,9 @@ fn prepare_error(r: &migdra::kubelet::client::Prepared, u: &str) -> String {
 
 // === API server ===
 
+/// Claim `uid` on the API server, allocated `device` of this node.
 fn claim_object(uid: &str, device: &str) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": format!("claim-{uid}"), "namespace": NAMESPACE, "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
-        ]}}}
-    })
+    Claim::new(uid).device(NODE, device).object()
 }
 
 fn slice_count(api: &ApiServer) -> usize {
@@ -74,15 +71,9 @@ fn status_written(api: &ApiServer, uid: &str) -> bool {
         .unwrap_or(false)
 }
 
-async fn until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if f() {
-            return Some(started.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    None
+/// How long `f` took to hold, polling every 50 ms for up to `limit`.
+async fn until(what: &str, limit: Duration, f: impl FnMut() -> bool) -> Option<Duration> {
+    eventually(what).within(limit).every(Duration::from_millis(50)).measure(f).await
 }
 
 /// Down for 5 s (500 on everything), then slow (2 s per request), then status writes alone
@@ -91,12 +82,13 @@ async fn until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_server_down_or_slow() {
     let api = ApiServer::start().await;
-    let mut node = Node::new("h100-80gb:2");
-    node.kubeconfig = Some(api.kubeconfig(node.dir()));
+    let node = NodeDir::new().simulate("h100-80gb:2");
+    let kubeconfig = api.kubeconfig(node.path());
+    let node = node.kubeconfig(kubeconfig);
     api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
     let m = node.minors();
-    let (mut daemon, kubelet) = node.serve(&[], &[]).await;
-    until(Duration::from_secs(20), || slice_count(&api) > 0).await.expect("slices published");
+    let (mut daemon, kubelet) = node.serve().registered().await;
+    until("slices", Duration::from_secs(20), || slice_count(&api) > 0).await.expect("slices published");
     let slices = slice_count(&api);
     let section = "outage: API server";
 
@@ -106,17 +98,19 @@ async fn api_server_down_or_slow() {
     api.set_down(true);
     let victim = api.list("resourceslices")[0]["metadata"]["name"].as_str().unwrap().to_string();
     api.remove(&format!("resourceslices/{victim}"));
-    let r = kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap();
     let err = prepare_error(&r, &a);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(daemon.running(), "the daemon died in the outage:\n{}", daemon.log());
-    assert!(node.instances().is_empty(), "nothing is created for a claim that cannot be read");
+    assert!(node.placements().is_empty(), "nothing is created for a claim that cannot be read");
     api.set_down(false);
     let took = prepare_until_ok(&kubelet, &a, Duration::from_secs(60)).await.expect("prepare after the outage");
-    let republished =
-        until(Duration::from_secs(60), || slice_count(&api) >= slices).await.expect("the deleted slice comes back");
-    let status = until(Duration::from_secs(30), || status_written(&api, &a)).await.expect("status written");
-    figure(section, "down 5 s: prepare answers", format!("error `{}`", short(&err, node.dir())));
+    let republished = until("the deleted slice", Duration::from_secs(60), || slice_count(&api) >= slices)
+        .await
+        .expect("the deleted slice comes back");
+    let status =
+        until("the claim status", Duration::from_secs(30), || status_written(&api, &a)).await.expect("status written");
+    figure(section, "down 5 s: prepare answers", format!("error `{}`", short(&err, node.path())));
     figure(
         section,
         "down 5 s: after it is back",
@@ -137,7 +131,8 @@ async fn api_server_down_or_slow() {
         times: None,
     });
     let took = prepare_until_ok(&kubelet, &b, Duration::from_secs(60)).await.expect("prepare with a slow server");
-    let status = until(Duration::from_secs(60), || status_written(&api, &b)).await.expect("status written");
+    let status =
+        until("the claim status", Duration::from_secs(60), || status_written(&api, &b)).await.expect("status written");
     api.clear_faults();
     figure(
         section,
@@ -152,7 +147,9 @@ async fn api_server_down_or_slow() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let during = status_written(&api, &c);
     api.clear_faults();
-    let status = until(Duration::from_secs(60), || status_written(&api, &c)).await.expect("status written later");
+    let status = until("the claim status", Duration::from_secs(60), || status_written(&api, &c))
+        .await
+        .expect("status written later");
     figure(
         section,
         "status writes fail (500)",
@@ -164,9 +161,9 @@ async fn api_server_down_or_slow() {
         ),
     );
 
-    let r = kubelet.unprepare(Version::V1, &[claim(&a), claim(&b), claim(&c)]).await.unwrap();
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&a), claim_ref(&b), claim_ref(&c)]).await.unwrap();
     assert!(r.values().all(String::is_empty), "{r:?}");
-    assert!(node.instances().is_empty());
+    assert!(node.placements().is_empty());
     assert!(daemon.running());
 }
 
@@ -176,28 +173,30 @@ async fn api_server_down_or_slow() {
 /// the new kubelet registers, and claims prepared before are still prepared (idempotent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_restart_wipes_registration_dir() {
-    let node = Node::new("h100-80gb:1");
+    let node = NodeDir::new().simulate("h100-80gb:1");
     let m = node.minors()[0];
     let (a, b) = (uid(1), uid(2));
     node.write_claim(&a, &format!("gpu-{m}-mig-3g40gb-9-0"));
     node.write_claim(&b, &format!("gpu-{m}-mig-3g40gb-9-4"));
-    let (mut daemon, kubelet) = node.serve(&[], &[]).await;
-    let first = kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap();
+    let (mut daemon, kubelet) = node.serve().registered().await;
+    let first = kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap();
     assert!(first[&a].is_ok());
     drop(kubelet);
 
     std::fs::remove_dir_all(node.registry_dir()).unwrap();
-    let back = until(Duration::from_secs(10), || std::os::unix::net::UnixStream::connect(&daemon.registration).is_ok())
-        .await
-        .expect("registration socket re-created");
+    let back = until("the registration socket", Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&daemon.registration).is_ok()
+    })
+    .await
+    .expect("registration socket re-created");
     let kubelet = daemon.register().await;
-    let again = kubelet.prepare(Version::V1, &[claim(&a), claim(&b)]).await.unwrap();
+    let again = kubelet.prepare(Version::V1, &[claim_ref(&a), claim_ref(&b)]).await.unwrap();
     assert_eq!(again[&a], first[&a], "same devices after the restart");
     assert!(again[&b].is_ok(), "{again:?}");
-    assert_eq!(node.instances().len(), 2);
-    let r = kubelet.unprepare(Version::V1, &[claim(&a), claim(&b)]).await.unwrap();
+    assert_eq!(node.placements().len(), 2);
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&a), claim_ref(&b)]).await.unwrap();
     assert!(r.values().all(String::is_empty));
-    assert!(node.instances().is_empty() && node.checkpoint().is_empty());
+    assert!(node.placements().is_empty() && node.checkpoint().is_empty());
     assert!(daemon.running());
     figure(
         "outage: kubelet",
@@ -213,35 +212,35 @@ async fn kubelet_restart_wipes_registration_dir() {
 /// and gets new instances at the same placements, with nothing stale left after unprepare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_reboot() {
-    let node = Node::new("h100-80gb:2");
+    let node = NodeDir::new().simulate("h100-80gb:2");
     let m = node.minors();
     let (a, b) = (uid(1), uid(2));
     node.write_claim(&a, &format!("gpu-{}-mig-4g40gb-5-0", m[0]));
     node.write_claim(&b, &format!("gpu-{}-mig-1g10gb-19-3", m[1]));
-    let (mut daemon, kubelet) = node.serve(&[], &[]).await;
-    let r = kubelet.prepare(Version::V1, &[claim(&a), claim(&b)]).await.unwrap();
+    let (mut daemon, kubelet) = node.serve().registered().await;
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&a), claim_ref(&b)]).await.unwrap();
     assert!(r.values().all(Result::is_ok), "{r:?}");
-    let before = node.instances();
+    let before = node.placements();
     drop(kubelet);
     daemon.kill();
 
     let boot = node.boot_id();
     node.cli(&["sim", "reboot"]);
     assert_ne!(node.boot_id(), boot);
-    assert!(node.instances().is_empty());
+    assert!(node.placements().is_empty());
 
-    let (mut daemon, kubelet) = node.serve(&[], &[]).await;
+    let (mut daemon, kubelet) = node.serve().registered().await;
     let stale = node.checkpoint().len();
-    let r = kubelet.prepare(Version::V1, &[claim(&a), claim(&b)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&a), claim_ref(&b)]).await.unwrap();
     assert!(r.values().all(Result::is_ok), "{r:?}\n{}", daemon.log());
-    let after = node.instances();
+    let after = node.placements();
     assert_eq!(
         after.iter().map(|i| (i.0, i.1, i.2)).collect::<Vec<_>>(),
         before.iter().map(|i| (i.0, i.1, i.2)).collect::<Vec<_>>()
     );
-    let r = kubelet.unprepare(Version::V1, &[claim(&a), claim(&b)]).await.unwrap();
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&a), claim_ref(&b)]).await.unwrap();
     assert!(r.values().all(String::is_empty), "{r:?}");
-    let leaked = node.instances().len();
+    let leaked = node.placements().len();
     let stuck = node.checkpoint().len() + node.cdi_specs();
     assert!(daemon.running());
     figure(
@@ -300,8 +299,8 @@ fn fill(dir: &Path) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_dir_read_only_or_full() {
     let section = "outage: state dir";
-    let node = Node::new("h100-80gb:1");
-    let mount = match Mount::tmpfs(&node.state_dir, "512k") {
+    let node = NodeDir::new().simulate("h100-80gb:1");
+    let mount = match Mount::tmpfs(&node.state_dir(), "512k") {
         Ok(m) => m,
         Err(e) => {
             figure(section, "read-only / full", format!("not run: cannot mount a tmpfs ({e})"));
@@ -313,33 +312,33 @@ async fn state_dir_read_only_or_full() {
     node.write_claim(&a, &format!("gpu-{m}-mig-3g40gb-9-0"));
     node.write_claim(&b, &format!("gpu-{m}-mig-2g20gb-14-4"));
     node.write_claim(&c, &format!("gpu-{m}-mig-1g10gb-19-6"));
-    let (mut daemon, kubelet) = node.serve(&[], &[]).await;
-    let r = kubelet.prepare(Version::V1, &[claim(&a)]).await.unwrap();
+    let (mut daemon, kubelet) = node.serve().registered().await;
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap();
     assert!(r[&a].is_ok(), "{r:?}");
 
     // Read-only.
     mount.remount("ro");
-    let r = kubelet.prepare(Version::V1, &[claim(&b)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&b)]).await.unwrap();
     let ro_err = prepare_error(&r, &b);
-    let ro_unprepare = kubelet.unprepare(Version::V1, &[claim(&a)]).await.unwrap()[&a].clone();
+    let ro_unprepare = kubelet.unprepare(Version::V1, &[claim_ref(&a)]).await.unwrap()[&a].clone();
     assert!(daemon.running(), "{}", daemon.log());
-    let ro_leaked = node.instances().iter().filter(|i| i.2 != 0).count();
+    let ro_leaked = node.placements().iter().filter(|i| i.2 != 0).count();
     mount.remount("rw");
     let ro_retry = prepare_until_ok(&kubelet, &b, Duration::from_secs(10)).await.expect("prepare after remount rw");
 
     // Full.
-    let filler = fill(&node.state_dir);
-    let r = kubelet.prepare(Version::V1, &[claim(&c)]).await.unwrap();
+    let filler = fill(&node.state_dir());
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     let full_err = prepare_error(&r, &c);
     assert!(daemon.running(), "{}", daemon.log());
-    let full_leaked = node.instances().iter().filter(|i| i.2 == 6).count();
+    let full_leaked = node.placements().iter().filter(|i| i.2 == 6).count();
     std::fs::remove_file(filler).unwrap();
     let full_retry =
         prepare_until_ok(&kubelet, &c, Duration::from_secs(10)).await.expect("prepare after freeing space");
 
-    let r = kubelet.unprepare(Version::V1, &[claim(&a), claim(&b), claim(&c)]).await.unwrap();
+    let r = kubelet.unprepare(Version::V1, &[claim_ref(&a), claim_ref(&b), claim_ref(&c)]).await.unwrap();
     assert!(r.values().all(String::is_empty), "{r:?}");
-    let leaked = node.instances().len() + ro_leaked + full_leaked;
+    let leaked = node.placements().len() + ro_leaked + full_leaked;
     let stuck = node.checkpoint().len() + node.cdi_specs();
     drop(daemon);
     drop(mount);
@@ -349,11 +348,11 @@ async fn state_dir_read_only_or_full() {
         "read-only (tmpfs remounted ro)",
         format!(
             "prepare fails `{}`; unprepare {}; retry OK {} ms after remount rw",
-            short(&ro_err, node.dir()),
+            short(&ro_err, node.path()),
             if ro_unprepare.is_empty() {
                 "OK".to_string()
             } else {
-                format!("fails `{}`", short(&ro_unprepare, node.dir()))
+                format!("fails `{}`", short(&ro_unprepare, node.path()))
             },
             ro_retry.as_millis()
         ),
@@ -363,7 +362,7 @@ async fn state_dir_read_only_or_full() {
         "full (512 KiB tmpfs filled)",
         format!(
             "prepare fails `{}`; retry OK {} ms after freeing space",
-            short(&full_err, node.dir()),
+            short(&full_err, node.path()),
             full_retry.as_millis()
         ),
     );

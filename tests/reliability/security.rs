@@ -2,13 +2,22 @@
 //! nodes and drivers refused, claim data that cannot steer a path out of its directory, request
 //! size limits, and the DaemonSet's privileges each documented.
 
-use crate::common::{DRIVER, NAMESPACE, NODE, Node, claim, figure, uid};
+use crate::common::figure;
+use crate::support::claim::{Claim, claim_ref, uid};
+use crate::support::command::migdra;
+use crate::support::node::NodeDir;
+use crate::support::{DRIVER, NAMESPACE, NODE};
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::Version;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+
+/// `claim` with these allocation results (a JSON array), however wrong.
+fn with_results(claim: Claim, results: &Value) -> Claim {
+    results.as_array().unwrap().iter().fold(claim, |c, r| c.result(r.clone()))
+}
 
 fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o7777
@@ -66,20 +75,20 @@ fn listeners_of(pid: u32) -> Vec<String> {
 /// `--metrics-addr` asks for one, which then listens on loopback only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn modes_and_listeners() {
-    let node = Node::new("h100-80gb:1");
+    let node = NodeDir::new().simulate("h100-80gb:1");
     let m = node.minors()[0];
     let u = uid(1);
     node.write_claim(&u, &format!("gpu-{m}-mig-3g40gb-9-0"));
-    let (daemon, kubelet) = node.serve(&[], &[]).await;
-    assert!(kubelet.prepare(Version::V1, &[claim(&u)]).await.unwrap()[&u].is_ok());
+    let (daemon, kubelet) = node.serve().registered().await;
+    assert!(kubelet.prepare(Version::V1, &[claim_ref(&u)]).await.unwrap()[&u].is_ok());
     let spec = std::fs::read_dir(node.cdi_dir()).unwrap().next().unwrap().unwrap().path();
     let expected: Vec<(&str, PathBuf, u32)> = vec![
         ("DRA socket", daemon.dra.clone(), 0o600),
         ("registration socket", daemon.registration.clone(), 0o600),
         ("plugin dir", node.plugin_dir(), 0o750),
         ("registry dir", node.registry_dir(), 0o750),
-        ("state dir", node.state_dir.clone(), 0o750),
-        ("checkpoint", node.state_dir.join("checkpoint.json"), 0o600),
+        ("state dir", node.state_dir(), 0o750),
+        ("checkpoint", node.state_dir().join("checkpoint.json"), 0o600),
         ("CDI spec", spec, 0o644),
     ];
     let mut wrong = Vec::new();
@@ -89,15 +98,15 @@ async fn modes_and_listeners() {
             wrong.push(format!("{what} {got:o} (want {want:o})"));
         }
     }
-    let listening = listeners_of(daemon.child.id());
+    let listening = listeners_of(daemon.pid());
     drop(daemon);
 
-    let help = crate::common::migdra_cmd().args(["serve", "--help"]).output().unwrap();
+    let help = migdra().args(["serve", "--help"]).output().unwrap();
     let asked = if String::from_utf8_lossy(&help.stdout).contains("--metrics-addr") {
-        let (daemon, _kubelet) = node.serve(&["--metrics-addr", "127.0.0.1:0"], &[]).await;
+        let (daemon, _kubelet) = node.serve().args(["--metrics-addr", "127.0.0.1:0"]).registered().await;
         let mut l = Vec::new();
         for _ in 0..50 {
-            l = listeners_of(daemon.child.id());
+            l = listeners_of(daemon.pid());
             if !l.is_empty() {
                 break;
             }
@@ -128,7 +137,7 @@ async fn modes_and_listeners() {
 /// exist are refused one by one, and nothing is created for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_not_ours_are_refused() {
-    let node = Node::new("h100-80gb:1");
+    let node = NodeDir::new().simulate("h100-80gb:1");
     let m = node.minors()[0];
     let dev = format!("gpu-{m}-mig-3g40gb-9-0");
     let cases = [
@@ -144,18 +153,18 @@ async fn claims_not_ours_are_refused() {
     let mut refs = Vec::new();
     for (i, (_, results)) in cases.iter().enumerate() {
         let u = uid(i as u32 + 1);
-        node.write_claim_object(&u, &u, &format!("claim-{u}"), results.clone());
-        refs.push(claim(&u));
+        node.write(&with_results(Claim::new(&u), results));
+        refs.push(claim_ref(&u));
     }
     // A claim that is ours, but the kubelet names it in another namespace.
     let u = uid(100);
     node.write_claim(&u, &dev);
     refs.push(ClaimRef { uid: u.clone(), namespace: "team-b".into(), name: format!("claim-{u}") });
 
-    let (_daemon, kubelet) = node.serve(&[], &[]).await;
+    let (_daemon, kubelet) = node.serve().registered().await;
     let r = kubelet.prepare(Version::V1, &refs).await.unwrap();
     let refused = refs.iter().filter(|c| r[&c.uid].is_err()).count();
-    let created = node.instances().len() + node.checkpoint().len() + node.cdi_specs();
+    let created = node.placements().len() + node.checkpoint().len() + node.cdi_specs();
     figure(
         "security",
         "claims not allocated to this node and driver refused",
@@ -171,7 +180,7 @@ async fn claims_not_ours_are_refused() {
 /// refused, and no file appears anywhere but where the daemon keeps its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_data_cannot_escape_directories() {
-    let node = Node::new("h100-80gb:1");
+    let node = NodeDir::new().simulate("h100-80gb:1");
     let m = node.minors()[0];
     let dev = format!("gpu-{m}-mig-1g10gb-19-0");
     let long = "a".repeat(300);
@@ -179,35 +188,33 @@ async fn claim_data_cannot_escape_directories() {
     let mut refs = Vec::new();
     for (i, h) in hostile.iter().enumerate() {
         // The claim object really carries the hostile UID, so a lookup by UID finds it.
-        let results = json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": dev}]);
-        node.write_claim_object(&format!("hostile-{i}"), h, &format!("claim-{i}"), results);
+        node.write_as(&format!("hostile-{i}"), &Claim::new(*h).named(format!("claim-{i}")).device(NODE, &dev));
         refs.push(ClaimRef { uid: (*h).to_string(), namespace: NAMESPACE.into(), name: format!("claim-{i}") });
     }
     // Good UIDs with hostile names: names are not used in paths, so these may be prepared.
     for (i, h) in ["../../escaped-name", "a/../../b"].iter().enumerate() {
         let u = uid(i as u32 + 1);
-        let results = json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": format!("gpu-{m}-mig-1g10gb-19-{}", i + 1)}]);
-        node.write_claim_object(&u, &u, h, results);
+        node.write(&Claim::new(&u).named(*h).device(NODE, &format!("gpu-{m}-mig-1g10gb-19-{}", i + 1)));
         refs.push(ClaimRef { uid: u, namespace: NAMESPACE.into(), name: (*h).to_string() });
     }
-    let (daemon, kubelet) = node.serve(&[], &[]).await;
+    let (daemon, kubelet) = node.serve().registered().await;
     let outside = ["/tmp/escaped", "/escaped", "/abs"].map(Path::new);
     let outside_before = outside.iter().filter(|p| p.exists()).count();
-    let before = tree(node.dir());
+    let before = tree(node.path());
     let r = kubelet.prepare(Version::V1, &refs).await.unwrap();
     let names_refused = refs[hostile.len()..].iter().filter(|c| r[&c.uid].is_err()).count();
     let u = kubelet.unprepare(Version::V1, &refs).await.unwrap();
-    let after = tree(node.dir());
+    let after = tree(node.path());
     // The daemon writes only its state, its CDI specs, and (the simulator) the GPU state file.
     let own = |p: &Path| {
-        let rel = p.strip_prefix(node.dir()).unwrap().to_string_lossy().to_string();
+        let rel = p.strip_prefix(node.path()).unwrap().to_string_lossy().to_string();
         ["state", "cdi", "plugins", "registry", "gpus.json", ".gpus.json"].iter().any(|o| rel.starts_with(o))
     };
     let escaped: Vec<&PathBuf> = after.difference(&before).filter(|p| !own(p)).collect();
     let outside_after: Vec<&&Path> = outside.iter().filter(|p| p.exists()).collect();
     let escaped_count = escaped.len() + outside_after.len().saturating_sub(outside_before);
     let refused = refs[..hostile.len()].iter().filter(|c| r.get(&c.uid).is_none_or(Result::is_err)).count();
-    let instances = node.instances().len() + node.cdi_specs();
+    let instances = node.placements().len() + node.cdi_specs();
     assert!(u.values().all(String::is_empty) || refused > 0, "{u:?}");
     drop(daemon);
     figure(
@@ -228,21 +235,21 @@ async fn claim_data_cannot_escape_directories() {
 /// the daemon keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_sizes_are_limited() {
-    let node = Node::new("h100-80gb:1");
+    let node = NodeDir::new().simulate("h100-80gb:1");
     let m = node.minors()[0];
     let u = uid(1);
     node.write_claim(&u, &format!("gpu-{m}-mig-7g80gb-0-0"));
-    let (mut daemon, kubelet) = node.serve(&[], &[]).await;
+    let (mut daemon, kubelet) = node.serve().registered().await;
     let max = migdra::kubelet::MAX_CLAIMS_PER_CALL;
-    let many: Vec<ClaimRef> = (0..=max as u32).map(|i| claim(&uid(10_000 + i))).collect();
+    let many: Vec<ClaimRef> = (0..=max as u32).map(|i| claim_ref(&uid(10_000 + i))).collect();
     let too_many = kubelet.prepare(Version::V1, &many).await.expect_err("too many claims");
     let huge = vec![ClaimRef { uid: "a".repeat(5 << 20), namespace: NAMESPACE.into(), name: "big".into() }];
     let too_big = kubelet.prepare(Version::V1, &huge).await.expect_err("a 5 MiB request");
     assert!(daemon.running(), "{}", daemon.log());
     let kubelet = daemon.register().await;
-    let r = kubelet.prepare(Version::V1, &[claim(&u)]).await.unwrap();
+    let r = kubelet.prepare(Version::V1, &[claim_ref(&u)]).await.unwrap();
     assert!(r[&u].is_ok(), "{r:?}");
-    assert!(kubelet.unprepare(Version::V1, &[claim(&u)]).await.unwrap()[&u].is_empty());
+    assert!(kubelet.unprepare(Version::V1, &[claim_ref(&u)]).await.unwrap()[&u].is_empty());
     figure(
         "security",
         "request size limits",

@@ -4,7 +4,10 @@
 //! end every claim is prepared at its own placement or cleanly failed, and the simulator holds
 //! exactly the prepared instances.
 
-use crate::common::{Node, claim, figure, h100_size, uid};
+use crate::common::{figure, h100_size};
+use crate::support::claim::{claim_ref, uid};
+use crate::support::node::NodeDir;
+use crate::support::rng::Rng;
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::{TestKubelet, Version};
 use migdra::mig::naming::DeviceName;
@@ -20,22 +23,6 @@ const FAULTS: &str = "create-gi=timeout@0.05,create-ci=timeout@0.05,destroy-ci=t
                       destroy-gi=timeout@0.05,create-gi=delay:4ms@0.5,create-gi=delay:8ms@0.25,\
                       create-ci=delay:2ms@0.5,destroy-ci=delay:2ms@0.5,destroy-gi=delay:4ms@0.5";
 
-/// A small deterministic generator (xorshift64*): the storm is the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 #[derive(Default)]
 struct Counts {
     calls: AtomicUsize,
@@ -47,7 +34,7 @@ struct Counts {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storm_on_eight_gpus_with_faults() {
-    let node = Node::new("h100-80gb:8");
+    let node = NodeDir::new().simulate("h100-80gb:8");
     let minors = node.minors();
     // Per GPU: seven 1g, two 3g and one 7g claim, overlapping on purpose.
     let mut claims: Vec<(String, String)> = Vec::new();
@@ -63,7 +50,7 @@ async fn storm_on_eight_gpus_with_faults() {
     }
     let claims = Arc::new(claims);
 
-    let (daemon, kubelet) = node.serve(&[], &[("MIGDRA_SIM_FAULTS", FAULTS)]).await;
+    let (daemon, kubelet) = node.serve().env("MIGDRA_SIM_FAULTS", FAULTS).registered().await;
     let counts = Arc::new(Counts::default());
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -76,7 +63,7 @@ async fn storm_on_eight_gpus_with_faults() {
             for _ in 0..CALLS_PER_CLIENT {
                 // 1 to 4 claims; the same claim may come twice in one call.
                 let n = 1 + rng.below(4);
-                let batch: Vec<ClaimRef> = (0..n).map(|_| claim(&claims[rng.below(claims.len())].0)).collect();
+                let batch: Vec<ClaimRef> = (0..n).map(|_| claim_ref(&claims[rng.below(claims.len())].0)).collect();
                 let version = if rng.below(2) == 0 { Version::V1 } else { Version::V1beta1 };
                 counts.calls.fetch_add(1, Ordering::Relaxed);
                 counts.claim_ops.fetch_add(n, Ordering::Relaxed);
@@ -109,7 +96,7 @@ async fn storm_on_eight_gpus_with_faults() {
 
     // The kubelet's last word on each claim, from a daemon without faults (restarted over the
     // storm's leftovers): prepare each claim once, in a shuffled order.
-    let (daemon, kubelet) = node.serve(&[], &[]).await;
+    let (daemon, kubelet) = node.serve().registered().await;
     let mut order: Vec<usize> = (0..claims.len()).collect();
     let mut rng = Rng(42);
     for i in (1..order.len()).rev() {
@@ -120,7 +107,7 @@ async fn storm_on_eight_gpus_with_faults() {
     let mut unclean = 0;
     for i in order {
         let (u, d) = &claims[i];
-        let r = kubelet.prepare(Version::V1, &[claim(u)]).await.unwrap();
+        let r = kubelet.prepare(Version::V1, &[claim_ref(u)]).await.unwrap();
         match &r[u] {
             Ok(devices) => {
                 assert_eq!(devices.len(), 1);
@@ -144,7 +131,7 @@ async fn storm_on_eight_gpus_with_faults() {
     }
 
     // The simulator holds exactly the prepared instances, and no two overlap.
-    let held = node.instances();
+    let held = node.placements();
     let mut want: Vec<_> = prepared
         .values()
         .map(|d| match DeviceName::parse(d).unwrap() {
@@ -169,8 +156,8 @@ async fn storm_on_eight_gpus_with_faults() {
                 }
             }
         }
-        let log = std::fs::read_to_string(node.dir().join("daemon-1.log")).unwrap_or_default();
-        let keep = node.dir().join("..").join("storm-daemon-1.log");
+        let log = std::fs::read_to_string(node.log_of(1)).unwrap_or_default();
+        let keep = node.path().join("..").join("storm-daemon-1.log");
         let _ = std::fs::write(&keep, &log);
         eprintln!("storm daemon log kept at {}", keep.display());
     }
@@ -183,10 +170,10 @@ async fn storm_on_eight_gpus_with_faults() {
     }
 
     // Then everything goes: nothing may stay behind.
-    let uids: Vec<ClaimRef> = claims.iter().map(|(u, _)| claim(u)).collect();
+    let uids: Vec<ClaimRef> = claims.iter().map(|(u, _)| claim_ref(u)).collect();
     let r = kubelet.unprepare(Version::V1, &uids).await.unwrap();
     let stuck = r.values().filter(|e| !e.is_empty()).count() + node.checkpoint().len() + node.cdi_specs();
-    let leaked_after = node.instances().len();
+    let leaked_after = node.placements().len();
     drop(daemon);
 
     let section = "storm";

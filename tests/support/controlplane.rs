@@ -74,10 +74,7 @@ pub fn bin_dir() -> PathBuf {
     let dir = match std::env::var_os("MIGDRA_CONTROLPLANE_BIN") {
         Some(d) => PathBuf::from(d),
         None => {
-            let cache = std::env::var_os("MIGDRA_CACHE").map_or_else(
-                || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/migdra"),
-                PathBuf::from,
-            );
+            let cache = cache_dir();
             let newest = std::fs::read_dir(&cache).ok().and_then(|entries| {
                 entries
                     .flatten()
@@ -95,6 +92,35 @@ pub fn bin_dir() -> PathBuf {
         assert!(dir.join(b).is_file(), "{} is missing: {help}", dir.join(b).display());
     }
     dir
+}
+
+/// Where hack/build-controlplane.sh keeps its builds: `$MIGDRA_CACHE`, else `~/.cache/migdra`.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("MIGDRA_CACHE").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/migdra"),
+        PathBuf::from,
+    )
+}
+
+/// The 1.34 kube-apiserver built by `hack/build-controlplane.sh hack/controlplane-1.34
+/// kube-apiserver`: `$MIGDRA_CONTROLPLANE_134_BIN`, else the cache; or a panic that says how to
+/// build it.
+pub fn apiserver_134_dir() -> PathBuf {
+    let help = "build it first: `bash hack/build-controlplane.sh hack/controlplane-1.34 kube-apiserver` (or `bash hack/test.sh`)";
+    if let Some(d) = std::env::var_os("MIGDRA_CONTROLPLANE_134_BIN") {
+        return PathBuf::from(d);
+    }
+    let cache = cache_dir();
+    std::fs::read_dir(&cache)
+        .ok()
+        .and_then(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("controlplane-v1.34"))
+                .map(|e| e.path().join("bin"))
+                .find(|bin| bin.join("kube-apiserver").is_file())
+        })
+        .unwrap_or_else(|| panic!("no 1.34 kube-apiserver under {}: {help}", cache.display()))
 }
 
 /// `(minor, patch)` of `…/controlplane-v1.<minor>.<patch>-…/bin`, so the newest Kubernetes wins.
@@ -384,16 +410,8 @@ impl ControlPlane {
     pub fn logs(&self) -> String {
         let mut out = String::new();
         for p in &self.processes {
-            let text = std::fs::read_to_string(&p.log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(30)..];
-            out.push_str(&format!(
-                "--- {} ({}), last {} lines:\n{}\n",
-                p.name,
-                p.log.display(),
-                tail.len(),
-                tail.join("\n")
-            ));
+            out.push_str(&super::logs::file_tail(p.name, &p.log, 30));
+            out.push('\n');
         }
         out
     }

@@ -166,13 +166,7 @@ impl KubeletCode {
     }
 
     pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        format!(
-            "--- migdra-kubelet ({}), last lines:\n{}",
-            self.log.display(),
-            lines[lines.len().saturating_sub(n)..].join("\n")
-        )
+        super::logs::file_tail("migdra-kubelet", &self.log, n)
     }
 }
 

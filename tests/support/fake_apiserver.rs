@@ -756,9 +756,9 @@ impl State {
         Ok(list_of(t.res(), items, json!({"resourceVersion": self.rv.to_string()})))
     }
 
-    /// Version- and gate-dependent ResourceSlice rules (facts section 3): without the gate the
-    /// counter fields vanish; from 1.35 counters and devices need separate slices; before, devices
-    /// consume only counter sets of their own slice.
+    /// Version- and gate-dependent ResourceSlice rules (docs/facts/k8s-dra-api.md §3): without the
+    /// gate the counter fields vanish; from 1.35 counters and devices need separate slices; before,
+    /// devices consume only counter sets of their own slice.
     fn admit(&self, res: &'static Res, name: &str, obj: &mut Value) -> Result<(), ApiErr> {
         let Some(spec) = obj.get_mut("spec").filter(|_| res.plural == "resourceslices") else { return Ok(()) };
         let devices = |spec: &Value| spec["devices"].as_array().cloned().unwrap_or_default();

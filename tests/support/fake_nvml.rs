@@ -2,9 +2,8 @@
 //! same cargo and profile as the tests (so it reuses their artifacts), and copied once per
 //! simulated node, so each node is its own loaded library with its own settings file.
 
-// Each test binary that includes this module uses only part of it.
-#![allow(dead_code)]
-
+use super::command::migdra;
+use super::node::NodeDir;
 use migdra::gpu::nvml::{NvmlBackend, NvmlOptions};
 use migdra::gpu::procfs::Procfs;
 use migdra::gpu::sim::{SimBackend, SimSpec};
@@ -45,7 +44,8 @@ fn build() -> PathBuf {
 
 /// A simulated node behind its own copy of the fake library.
 pub struct FakeNode {
-    pub dir: tempfile::TempDir,
+    /// The node's directories; `migdra` on it goes through NVML.
+    pub node: NodeDir,
     /// The simulator state file: the hardware.
     pub state: PathBuf,
     /// The procfs tree the fake keeps.
@@ -66,12 +66,12 @@ impl FakeNode {
 
     /// A node with extra `fake-nvml.conf` settings (`profile-info-version`, `unlisted`).
     pub fn with(spec: &str, settings: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = dir.path().join("gpus.json");
-        let procfs = dir.path().join("proc");
-        let trace = dir.path().join("trace");
+        let node = NodeDir::new();
+        let state = node.sim_state();
+        let procfs = node.path().join("proc");
+        let trace = node.path().join("trace");
         let hw = SimBackend::open(&state, Some(&SimSpec::parse(spec).expect("spec"))).expect("simulator");
-        let libdir = dir.path().join("lib");
+        let libdir = node.path().join("lib");
         std::fs::create_dir_all(&libdir).unwrap();
         let lib = libdir.join("libnvidia-ml.so.1");
         std::fs::copy(library(), &lib).expect("copy the fake library");
@@ -80,7 +80,15 @@ impl FakeNode {
             conf.push_str(&format!("{k}={v}\n"));
         }
         std::fs::write(libdir.join("fake-nvml.conf"), conf).unwrap();
-        FakeNode { dir, state, procfs, lib, trace, hw }
+        let node = node.nvml(lib.clone(), procfs.clone());
+        FakeNode { node, state, procfs, lib, trace, hw }
+    }
+
+    /// `migdra` on this node's NVML alone (the library and its procfs tree), no other flags.
+    pub fn migdra(&self) -> Command {
+        let mut cmd = migdra();
+        cmd.arg("--nvml-lib").arg(&self.lib).arg("--procfs-root").arg(&self.procfs);
+        cmd
     }
 
     pub fn options(&self, watch_events: bool) -> NvmlOptions {

@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use support::apiserver::{ApiServer, Fault, FaultKind, Options};
+use support::fake_apiserver::{ApiServer, Fault, FaultKind, Options};
 use tokio_stream::{Stream, StreamExt};
 
 fn typed<T: DeserializeOwned>(v: Value) -> T {

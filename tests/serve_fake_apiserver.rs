@@ -1,5 +1,5 @@
-//! `migdra serve` against a Kubernetes API server (the fake in tests/support until the real
-//! control plane lands): slices in the layout of the server's version, drift repair, claims read
+//! `migdra serve` against the fake Kubernetes API server of tests/support (tests/controlplane.rs
+//! runs it against a real one): slices in the layout of the server's version, drift repair, claims read
 //! from the API, status written for slurm-bridge, bad claims, and an outage.
 
 #![allow(clippy::print_stdout)] // the outage test prints its convergence time
@@ -9,123 +9,48 @@ mod support;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use migdra::claims::ClaimRef;
 use migdra::kube::slices::{self, Layout};
-use migdra::kubelet::client::{TestKubelet, Version};
+use migdra::kubelet::client::Version;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::apiserver::{ApiServer, Options};
+use support::claim::Claim;
+use support::cluster::complete;
+use support::daemon::Daemon;
+use support::eventually::eventually;
+use support::fake_apiserver::{ApiServer, Options};
+use support::node::NodeDir;
+use support::{DRIVER, NAMESPACE, NODE};
 
-const DRIVER: &str = "mig.slinky.slurm.net";
-const NODE: &str = "node-a";
 const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
 
-struct Daemon {
-    child: Child,
-    registration: PathBuf,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn kubelet(&mut self) -> TestKubelet {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::os::unix::net::UnixStream::connect(&self.registration).is_err() {
-            assert!(self.child.try_wait().unwrap().is_none(), "migdra serve exited:\n{}", self.log());
-            assert!(Instant::now() < deadline, "no registration socket:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        TestKubelet::register(&self.registration).await.unwrap_or_else(|e| panic!("{e}\n{}", self.log()))
-    }
-}
-
-fn migdra() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_migdra"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MIGDRA_") || k == "KUBECONFIG" || k == "NODE_NAME" || k == "POD_UID" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-/// Simulated GPUs, a Node object, and `migdra serve` pointed at the API server.
-fn start(api: &ApiServer, dir: &Path, extra: &[&str]) -> Daemon {
-    let state = dir.join("gpus.json");
-    if !state.exists() {
-        let out = migdra().args(["layout", "--sim", SPEC, "--sim-state"]).arg(&state).output().unwrap();
-        assert!(out.status.success());
-        api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
-    }
-    let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos()));
-    let child = migdra()
-        .arg("serve")
-        .arg("--sim-state")
-        .arg(&state)
-        .arg("--kubeconfig")
-        .arg(api.kubeconfig(dir))
-        .arg("--plugin-dir")
-        .arg(dir.join("plugin"))
-        .arg("--registry-dir")
-        .arg(dir.join("registry"))
-        .arg("--cdi-dir")
-        .arg(dir.join("cdi"))
-        .args(["--node-name", NODE, "--socket-check", "100ms"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Daemon { child, registration: dir.join("registry").join(format!("{DRIVER}-reg.sock")), log }
-}
-
-fn minors(dir: &Path) -> Vec<u64> {
-    let out = migdra().args(["layout", "-o", "json", "--sim-state"]).arg(dir.join("gpus.json")).output().unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap()).collect()
+/// Simulated GPUs, a Node object, and `migdra serve` reading claims from the API server.
+fn start(api: &ApiServer) -> (NodeDir, Daemon) {
+    let node = NodeDir::new().simulate(SPEC);
+    api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let kubeconfig = api.kubeconfig(node.path());
+    let node = node.kubeconfig(kubeconfig);
+    let daemon = node.serve().spawn();
+    (node, daemon)
 }
 
 /// Our slices once the pool is complete (every slice of the newest generation is there).
 async fn published(api: &ApiServer, timeout: Duration) -> Vec<ResourceSlice> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let slices: Vec<ResourceSlice> =
-            api.list("resourceslices").into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
-        let generation = slices.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-        let current: Vec<ResourceSlice> = slices.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
-        if current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()) {
-            return current;
-        }
-        assert!(Instant::now() < deadline, "no complete pool published");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let all = || api.list("resourceslices").into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+    eventually("a complete pool published")
+        .within(timeout)
+        .every(Duration::from_millis(50))
+        .until(|| complete(all()))
+        .await
 }
 
-fn claim_object(uid: &str, name: &str, results: Value) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "team-a", "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-        "status": {
-            "allocation": {"devices": {"results": results}},
-            "devices": [{"driver": "nic.example.com", "pool": NODE, "device": "eth1"}]
-        }
-    })
+/// The claim on the API server, with another driver's device in its status beside ours.
+fn claim_object(claim: &Claim) -> Value {
+    let mut object = claim.object();
+    object["status"]["devices"] = json!([{"driver": "nic.example.com", "pool": NODE, "device": "eth1"}]);
+    object
 }
 
 fn claim(uid: &str, name: &str) -> ClaimRef {
-    ClaimRef { uid: uid.into(), namespace: "team-a".into(), name: name.into() }
+    Claim::new(uid).named(name).reference()
 }
 
 fn ours(claim: &Value) -> Vec<Value> {
@@ -136,21 +61,16 @@ fn ours(claim: &Value) -> Vec<Value> {
 }
 
 async fn status_until(api: &ApiServer, name: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let c = api.get(&format!("resourceclaims/team-a/{name}")).expect("claim");
-        let o = ours(&c);
-        if f(&o) {
-            assert_eq!(
-                c["status"]["devices"].as_array().unwrap()[0]["driver"],
-                "nic.example.com",
-                "others' entries stay"
-            );
-            return o;
-        }
-        assert!(Instant::now() < deadline, "status never matched: {c}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (c, o) = eventually(format!("the status of claim {name}"))
+        .every(Duration::from_millis(50))
+        .until(|| {
+            let c = api.get(&format!("resourceclaims/{NAMESPACE}/{name}")).expect("claim");
+            let o = ours(&c);
+            if f(&o) { Ok((c, o)) } else { Err(c.to_string()) }
+        })
+        .await;
+    assert_eq!(c["status"]["devices"].as_array().unwrap()[0]["driver"], "nic.example.com", "others' entries stay");
+    o
 }
 
 /// The layout follows the server's version; the slices pass the API's validation rules, carry
@@ -159,8 +79,7 @@ async fn status_until(api: &ApiServer, name: &str, f: impl Fn(&[Value]) -> bool)
 async fn slices_follow_the_server_version() {
     for (minor, layout) in [(36, Layout::Split), (34, Layout::Combined)] {
         let api = ApiServer::start_with(Options { major: 1, minor, partitionable_devices: true }).await;
-        let dir = tempfile::tempdir().unwrap();
-        let _daemon = start(&api, dir.path(), &[]);
+        let (_node, _daemon) = start(&api);
         let slices = published(&api, Duration::from_secs(20)).await;
         assert_eq!(slices::validate(&slices, layout), Vec::<String>::new(), "1.{minor}");
         let devices: Vec<&str> =
@@ -181,8 +100,7 @@ async fn slices_follow_the_server_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_or_edited_slices_are_repaired() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let _daemon = start(&api, dir.path(), &[]);
+    let (_node, _daemon) = start(&api);
     let before = published(&api, Duration::from_secs(20)).await;
     let name = before[0].metadata.name.clone().unwrap();
     api.remove(&format!("resourceslices/{name}"));
@@ -193,15 +111,14 @@ async fn deleted_or_edited_slices_are_repaired() {
     let mut edited = api.get(&format!("resourceslices/{name}")).unwrap();
     edited["spec"]["devices"].as_array_mut().unwrap().truncate(1);
     api.insert(edited);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s: ResourceSlice = serde_json::from_value(api.get(&format!("resourceslices/{name}")).unwrap()).unwrap();
-        if s.spec.devices.as_ref().map_or(0, Vec::len) > 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "an edited slice was not repaired");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the edited slice repaired")
+        .within(Duration::from_secs(10))
+        .every(Duration::from_millis(50))
+        .until(|| {
+            let s: ResourceSlice = serde_json::from_value(api.get(&format!("resourceslices/{name}")).unwrap()).unwrap();
+            s.spec.devices.as_ref().map_or(0, Vec::len) > 1
+        })
+        .await;
 }
 
 /// Prepare through gRPC with the API server as the claim source: the claim status carries the
@@ -209,13 +126,13 @@ async fn deleted_or_edited_slices_are_repaired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_writes_the_claim_status_for_the_bridge() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start(&api, dir.path(), &[]);
-    let kubelet = daemon.kubelet().await;
-    let minor = minors(dir.path())[1];
+    let (node, mut daemon) = start(&api);
+    daemon.wait_ready().await;
+    let kubelet = daemon.register().await;
+    let minor = node.minors()[1];
     let device = format!("gpu-{minor}-mig-3g40gb-9-4");
     let uid = "6e1c2f4a-0b7d-4c3e-8a91-1f2e3d4c5b6a";
-    api.insert(claim_object(uid, "nb", json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}])));
+    api.insert(claim_object(&Claim::new(uid).named("nb").device(NODE, &device)));
     let out = kubelet.prepare(Version::V1, &[claim(uid, "nb")]).await.unwrap();
     let devices = out[uid].as_ref().unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
     assert_eq!(devices[0].device, device);
@@ -246,32 +163,23 @@ async fn prepare_writes_the_claim_status_for_the_bridge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_claims_fail_precisely_and_report_ready_false() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start(&api, dir.path(), &[]);
-    let kubelet = daemon.kubelet().await;
-    let minor = minors(dir.path())[0];
+    let (node, mut daemon) = start(&api);
+    daemon.wait_ready().await;
+    let kubelet = daemon.register().await;
+    let minor = node.minors()[0];
     let other_node = "11111111-0000-4000-8000-000000000001";
     api.insert(claim_object(
-        other_node,
-        "elsewhere",
-        json!([{"request": "gpu", "driver": DRIVER, "pool": "node-b", "device": format!("gpu-{minor}-mig-1g10gb-19-0")}]),
+        &Claim::new(other_node).named("elsewhere").device("node-b", &format!("gpu-{minor}-mig-1g10gb-19-0")),
     ));
     let other_driver = "11111111-0000-4000-8000-000000000002";
-    api.insert(claim_object(
-        other_driver,
-        "nic-only",
-        json!([{"request": "gpu", "driver": "nic.example.com", "pool": NODE, "device": "eth0"}]),
-    ));
+    let nic = json!({"request": "gpu", "driver": "nic.example.com", "pool": NODE, "device": "eth0"});
+    api.insert(claim_object(&Claim::new(other_driver).named("nic-only").result(nic)));
     let deleted = "11111111-0000-4000-8000-000000000003";
     let replaced = "11111111-0000-4000-8000-000000000004";
-    api.insert(claim_object("11111111-0000-4000-8000-000000000099", "replaced", json!([])));
+    api.insert(claim_object(&Claim::new("11111111-0000-4000-8000-000000000099").named("replaced")));
     let bad_placement = "11111111-0000-4000-8000-000000000005";
     let bad_device = format!("gpu-{minor}-mig-3g40gb-9-2");
-    api.insert(claim_object(
-        bad_placement,
-        "bad-placement",
-        json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": bad_device}]),
-    ));
+    api.insert(claim_object(&Claim::new(bad_placement).named("bad-placement").device(NODE, &bad_device)));
     let out = kubelet
         .prepare(
             Version::V1,
@@ -302,9 +210,7 @@ async fn bad_claims_fail_precisely_and_report_ready_false() {
     assert_eq!((event["type"].as_str(), event["reason"].as_str()), (Some("Warning"), Some("PrepareFailed")));
     // Another node's device is that node's plugin's to report on.
     assert!(ours(&api.get("resourceclaims/team-a/elsewhere").unwrap()).is_empty());
-    let layout =
-        migdra().args(["layout", "-o", "json", "--sim-state"]).arg(dir.path().join("gpus.json")).output().unwrap();
-    let v: Value = serde_json::from_slice(&layout.stdout).unwrap();
+    let v = node.layout();
     assert!(v["gpus"].as_array().unwrap().iter().all(|g| g["instances"].as_array().unwrap().is_empty()));
 }
 
@@ -313,17 +219,13 @@ async fn bad_claims_fail_precisely_and_report_ready_false() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minute_long_outage_converges_by_itself() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start(&api, dir.path(), &[]);
-    let kubelet = daemon.kubelet().await;
+    let (node, mut daemon) = start(&api);
+    daemon.wait_ready().await;
+    let kubelet = daemon.register().await;
     let before = published(&api, Duration::from_secs(20)).await;
-    let minor = minors(dir.path())[0];
+    let minor = node.minors()[0];
     let uid = "22222222-0000-4000-8000-000000000001";
-    api.insert(claim_object(
-        uid,
-        "during",
-        json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": format!("gpu-{minor}-mig-2g20gb-14-0")}]),
-    ));
+    api.insert(claim_object(&Claim::new(uid).named("during").device(NODE, &format!("gpu-{minor}-mig-2g20gb-14-0"))));
 
     api.set_down(true);
     let victim = before[0].metadata.name.clone().unwrap();
@@ -335,14 +237,12 @@ async fn a_minute_long_outage_converges_by_itself() {
     let back = Instant::now();
 
     // The kubelet retries; the slice comes back; the status is written.
-    let prepared = loop {
-        let out = kubelet.prepare(Version::V1, &[claim(uid, "during")]).await.unwrap();
-        if let Ok(d) = &out[uid] {
-            break d.clone();
-        }
-        assert!(back.elapsed() < Duration::from_secs(60), "{:?}\n{}", out[uid], daemon.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let prepared = eventually("a prepare once the server is back")
+        .within(Duration::from_secs(60))
+        .every(Duration::from_millis(200))
+        .explain(|| daemon.log_tail())
+        .until_async(|| async { kubelet.prepare(Version::V1, &[claim(uid, "during")]).await.unwrap()[uid].clone() })
+        .await;
     assert_eq!(prepared.len(), 1);
     let slices = published(&api, Duration::from_secs(60)).await;
     assert!(slices.iter().any(|s| s.metadata.name.as_deref() == Some(victim.as_str())));
@@ -353,7 +253,7 @@ async fn a_minute_long_outage_converges_by_itself() {
 /// Publishing problems show on the Node as a Warning event, and clear up by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishing_problems_are_reported_on_the_node() {
-    use support::apiserver::{Fault, FaultKind};
+    use support::fake_apiserver::{Fault, FaultKind};
     let api = ApiServer::start().await;
     api.fault(Fault {
         method: Some(hyper::Method::POST),
@@ -361,17 +261,15 @@ async fn publishing_problems_are_reported_on_the_node() {
         kind: FaultKind::Status(500),
         times: None,
     });
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = start(&api, dir.path(), &[]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let event = loop {
-        let events = api.list("/api/v1/namespaces/default/events");
-        if let Some(e) = events.into_iter().find(|e| e["involvedObject"]["kind"] == "Node") {
-            break e;
-        }
-        assert!(Instant::now() < deadline, "no event on the Node:\n{}", daemon.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (_node, daemon) = start(&api);
+    let event = eventually("an event on the Node")
+        .every(Duration::from_millis(50))
+        .explain(|| daemon.log_tail())
+        .until(|| {
+            let events = api.list("/api/v1/namespaces/default/events");
+            events.into_iter().find(|e| e["involvedObject"]["kind"] == "Node")
+        })
+        .await;
     assert_eq!(event["reason"], "PublishFailed");
     assert_eq!(event["involvedObject"]["name"], NODE);
     api.clear_faults();

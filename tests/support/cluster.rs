@@ -1,0 +1,124 @@
+//! What the end-to-end tests put in a real cluster and read back from it: the Node a kubelet
+//! would register, the manifests of daemonset/, and a node's published pool.
+
+use super::DRIVER;
+use super::eventually::eventually;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The repository, for the manifests in daemonset/.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A Node named `name`, Ready and untainted, as its kubelet would leave it: no kubelet runs in
+/// these tests, so nothing else would.
+pub async fn create_node(client: &kube::Client, name: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let resources = json!({"cpu": "64", "memory": "512Gi", "pods": "110"});
+    let status = json!({"status": {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test's kubelet"}]
+    }});
+    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    // No taints, whatever admission added.
+    nodes.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": null}}))).await.unwrap();
+}
+
+/// The documents of a YAML file.
+pub fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `kubectl apply -n <namespace> -f FILE` for the kinds daemonset/ holds.
+pub async fn apply(client: &kube::Client, path: &Path, namespace: &str) {
+    let pp = PostParams::default();
+    for doc in documents(path) {
+        // Cluster-scoped, or in their own namespace: (group, version, plural, namespaced).
+        let dynamic = match doc["kind"].as_str() {
+            Some("Namespace") => Some(("", "v1", "namespaces", false)),
+            Some("ServiceAccount") => Some(("", "v1", "serviceaccounts", true)),
+            Some("ClusterRole") => Some(("rbac.authorization.k8s.io", "v1", "clusterroles", false)),
+            Some("ClusterRoleBinding") => Some(("rbac.authorization.k8s.io", "v1", "clusterrolebindings", false)),
+            Some("ValidatingAdmissionPolicy") => {
+                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", false))
+            }
+            Some("ValidatingAdmissionPolicyBinding") => {
+                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", false))
+            }
+            _ => None,
+        };
+        if let Some((group, version, plural, namespaced)) = dynamic {
+            let kind = doc["kind"].as_str().unwrap();
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+            let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+            let obj: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+            let api: Api<kube::api::DynamicObject> = if namespaced {
+                let ns = obj.metadata.namespace.clone().unwrap_or_else(|| namespace.into());
+                Api::namespaced_with(client.clone(), &ns, &ar)
+            } else {
+                Api::all_with(client.clone(), &ar)
+            };
+            api.create(&pp, &obj).await.unwrap_or_else(|e| panic!("{}: create {kind}: {e}", path.display()));
+            continue;
+        }
+        match doc["kind"].as_str() {
+            Some("DeviceClass") => {
+                let dc: DeviceClass = serde_json::from_value(doc).unwrap();
+                Api::<DeviceClass>::all(client.clone()).create(&pp, &dc).await.unwrap();
+            }
+            Some("ResourceClaimTemplate") => {
+                let t: ResourceClaimTemplate = serde_json::from_value(doc).unwrap();
+                Api::<ResourceClaimTemplate>::namespaced(client.clone(), namespace).create(&pp, &t).await.unwrap();
+            }
+            other => panic!("{}: unexpected kind {other:?}", path.display()),
+        }
+    }
+}
+
+/// The newest generation of a pool's slices, if it is complete: as many slices as each counts.
+/// Before that the scheduler sees an incomplete pool and allocates nothing from it.
+pub fn complete(slices: Vec<ResourceSlice>) -> Option<Vec<ResourceSlice>> {
+    let generation = slices.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+    let current: Vec<ResourceSlice> = slices.into_iter().filter(|s| s.spec.pool.generation == generation).collect();
+    current.first().is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len()).then_some(current)
+}
+
+/// Our complete pool of node `node`, once the API server has it; how long that took.
+///
+/// # Panics
+/// After `timeout`, with `explain`'s diagnostics.
+pub async fn pool(
+    client: &kube::Client,
+    node: &str,
+    timeout: Duration,
+    explain: impl Fn() -> String,
+) -> (Vec<ResourceSlice>, Duration) {
+    let t = Instant::now();
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let params = ListParams::default().labels(&format!("{}={node}", migdra::kube::slices::node_label(DRIVER)));
+    let (api, params) = (&api, &params);
+    let slices = eventually(format!("a complete pool of {node}"))
+        .within(timeout)
+        .every(Duration::from_millis(100))
+        .explain(explain)
+        .until_async(move || async move { complete(api.list(params).await.unwrap().items) })
+        .await;
+    (slices, t.elapsed())
+}
