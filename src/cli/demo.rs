@@ -170,7 +170,15 @@ fn day(args: &Args, dir: &Path, out: &mut dyn Write) -> CliResult {
     }
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(e.to_string()))?;
-    let kubelet = runtime.block_on(TestKubelet::register(&registration)).map_err(fail)?;
+    // The socket file appears at bind(), a moment before the daemon listens; the kubelet's plugin
+    // watcher retries a registration that fails, and so does the demo, until the same deadline.
+    let kubelet = loop {
+        match runtime.block_on(TestKubelet::register(&registration)) {
+            Ok(k) => break k,
+            Err(e) if started.elapsed() > Duration::from_secs(10) => return Err(fail(e)),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
     writeln!(
         out,
         "kubelet: registered {} ({}) at {} after {} ms; it speaks {}",

@@ -9,6 +9,7 @@
 mod support;
 
 mod common;
+#[cfg(feature = "crash-points")]
 mod crash;
 mod outage;
 mod security;
