@@ -24,6 +24,9 @@ pub const HEARTBEAT: Duration = Duration::from_secs(10);
 pub struct HealthService {
     pub engine: Arc<Engine>,
     pub interval: Duration,
+    /// Becomes true when the server drains for shutdown: every stream ends, so the connections
+    /// carrying them can close once the last answers are sent.
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// (device name, healthy, why not)
@@ -92,7 +95,7 @@ impl DraResourceHealth for HealthService {
         _: Request<NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let (engine, interval) = (self.engine.clone(), self.interval);
+        let (engine, interval, mut stop) = (self.engine.clone(), self.interval, self.stop.clone());
         tokio::spawn(async move {
             let pool = engine.options().pool.clone();
             let mut last: Option<(Snapshot, Instant)> = None;
@@ -106,7 +109,10 @@ impl DraResourceHealth for HealthService {
                     }
                     last = Some((now, Instant::now()));
                 }
-                tokio::time::sleep(interval).await;
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    _ = stop.wait_for(|stopped| *stopped) => break,
+                }
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))

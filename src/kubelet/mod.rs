@@ -108,6 +108,10 @@ impl PluginState {
     }
 }
 
+/// Longest wait, after the last claim finished, for its answer to reach the kubelet and the
+/// connections to close.
+const DRAIN: Duration = Duration::from_secs(1);
+
 /// Serve the kubelet until `shutdown` completes, then shut down in order.
 ///
 /// # Errors
@@ -123,6 +127,7 @@ pub async fn serve(
         move |source| KubeletError::Socket { path, source }
     };
     let (stop_registration, registration_stopped) = watch::channel(false);
+    let (stop_serving, serving_stopped) = watch::channel(false);
 
     let dra_path = config.paths.dra.clone();
     let listener = sockets::bind(&dra_path).map_err(socket_err(&dra_path))?;
@@ -131,14 +136,18 @@ pub async fn serve(
         proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health::HealthService {
             engine: driver.engine().clone(),
             interval: config.health_interval,
+            stop: serving_stopped.clone(),
         })
     });
+    let mut drain = serving_stopped;
     let dra_server = Server::builder()
         .add_service(proto::dra_v1::dra_plugin_server::DraPluginServer::new(dra::DraService(driver.clone())))
         .add_service(proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(dra::DraService(driver.clone())))
         .add_optional_service(health)
-        .serve_with_incoming(incoming(listener));
-    let dra_task = tokio::spawn(dra_server);
+        .serve_with_incoming_shutdown(incoming(listener), async move {
+            let _ = drain.wait_for(|stopped| *stopped).await;
+        });
+    let mut dra_task = tokio::spawn(dra_server);
     tracing::info!(socket = %dra_path.display(), "serving DRA v1, v1beta1{}", if config.health { " and health" } else { "" });
 
     let mut registration = tokio::spawn(registration_loop(config.clone(), state.clone(), registration_stopped));
@@ -164,12 +173,16 @@ pub async fn serve(
         0 => tracing::info!("in-flight calls finished"),
         n => tracing::warn!(claims = n, grace = ?config.grace, "claims still in flight after the grace period"),
     }
-    if dra_task.is_finished() {
-        if let Ok(Err(source)) = dra_task.await {
-            return Err(KubeletError::Serve { path: dra_path.display().to_string(), source });
+    // A finished claim's answer may still be on its way: drain (GOAWAY, every open call answered,
+    // health streams ended) instead of dropping the connections, for at most DRAIN.
+    let _ = stop_serving.send(true);
+    match tokio::time::timeout(DRAIN, &mut dra_task).await {
+        Ok(Ok(Err(source))) => return Err(KubeletError::Serve { path: dra_path.display().to_string(), source }),
+        Ok(_) => {}
+        Err(_) => {
+            tracing::warn!(drain = ?DRAIN, "connections still open after the drain; closing them");
+            dra_task.abort();
         }
-    } else {
-        dra_task.abort();
     }
     sockets::remove(&dra_path, dra_ino);
     match registration_result {
