@@ -57,6 +57,33 @@ pub fn qualified_name_problem(key: &str) -> Option<String> {
     None
 }
 
+/// Why `name` is not an extended resource name as the API server accepts one (core's
+/// `IsExtendedResourceName`): `<domain>/<name>` outside `kubernetes.io`, not starting with
+/// `requests.`, and still a qualified name once the quota prefix `requests.` is put before it.
+pub fn extended_resource_name_problem(name: &str) -> Option<String> {
+    let Some((domain, id)) = name.split_once('/') else {
+        return Some("it has no domain (expected <domain>/<name>, e.g. nvidia.com/mig-1g.10gb)".into());
+    };
+    if name.contains("kubernetes.io/") {
+        return Some("the kubernetes.io domains are Kubernetes' own resources".into());
+    }
+    if name.starts_with("requests.") {
+        return Some("names starting with requests. are quota names".into());
+    }
+    let quota_domain = format!("requests.{domain}");
+    if !is_dns_subdomain(&quota_domain) {
+        return Some(format!("domain {domain:?} is not a DNS subdomain"));
+    }
+    let edge = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_alphanumeric());
+    let inner = id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if id.len() > MAX_LABEL_LEN || !inner || !edge(id.bytes().next()) || !edge(id.bytes().last()) {
+        return Some(format!(
+            "{id:?} must be 1 to {MAX_LABEL_LEN} of [A-Za-z0-9-_.], starting and ending alphanumeric"
+        ));
+    }
+    None
+}
+
 /// A Kubernetes UID as migdra accepts it: 1 to 64 of `[a-z0-9-]`. UIDs are RFC 4122 strings;
 /// the check is what keeps one safe inside a file name.
 pub fn is_uid(uid: &str) -> bool {
@@ -109,6 +136,26 @@ mod tests {
         assert!(qualified_name_problem("Bad_Domain/x").is_some());
         assert!(qualified_name_problem(&format!("{}/x", "a".repeat(64))).is_some());
         assert!(qualified_name_problem(&"a".repeat(33)).is_some());
+    }
+
+    #[test]
+    fn extended_resource_names() {
+        for good in ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-1g.24gb.me.all", "example.com/a_b"] {
+            assert_eq!(extended_resource_name_problem(good), None, "{good}");
+        }
+        for bad in [
+            "gpu",
+            "nvidia.com/mig-1g.10gb+me",
+            "kubernetes.io/gpu",
+            "deviceclass.resource.kubernetes.io/mig",
+            "requests.nvidia.com/gpu",
+            "Nvidia_com/gpu",
+            "nvidia.com/-gpu",
+            "nvidia.com/",
+            &format!("nvidia.com/{}", "a".repeat(64)),
+        ] {
+            assert!(extended_resource_name_problem(bad).is_some(), "{bad}");
+        }
     }
 
     #[test]

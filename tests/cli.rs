@@ -191,3 +191,95 @@ fn nvml_refusals_exit_1_and_faults_and_reboot_work_from_the_cli() {
     assert_ne!(v["boot_id"], boot);
     assert!(v["gpus"][0]["instances"].as_array().unwrap().is_empty());
 }
+
+/// The shipped DeviceClasses and slurm-bridge profiles are exactly what `migdra device-classes`
+/// prints, each class has exactly one CEL selector, and every slurm-bridge profile's selector is
+/// a class's, byte for byte (slurm-bridge accepts a class only then).
+#[test]
+fn shipped_device_classes_and_bridge_profiles_are_what_the_command_prints() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = |file: &str| std::fs::read_to_string(repo.join(file)).unwrap();
+    let regenerate = "regenerate it with the command in its second line";
+    let classes = ok(&["device-classes", "-o", "yaml"]);
+    assert_eq!(shipped("daemonset/base/deviceclasses.yaml"), classes, "{regenerate}");
+    let bridge = ok(&["device-classes", "--slurm-bridge", "-o", "yaml"]);
+    assert_eq!(shipped("daemonset/slurm-bridge/device-profiles.yaml"), bridge, "{regenerate}");
+    let bridge_static = ok(&["device-classes", "--slurm-bridge", "--static-mig", "-o", "yaml"]);
+    assert_eq!(shipped("daemonset/slurm-bridge/device-profiles-static-mig.yaml"), bridge_static, "{regenerate}");
+
+    let list: Value = serde_json::from_str(&ok(&["device-classes", "-o", "json"])).unwrap();
+    let mut selectors = std::collections::BTreeMap::new();
+    for c in list["items"].as_array().unwrap() {
+        let sel = c["spec"]["selectors"].as_array().unwrap();
+        assert_eq!(sel.len(), 1, "exactly one selector: {c}");
+        assert!(c["spec"].get("config").is_none(), "no config: {c}");
+        selectors.insert(sel[0]["cel"]["expression"].as_str().unwrap().to_string(), c["metadata"]["name"].clone());
+    }
+    let by_resource =
+        |r: &str| list["items"].as_array().unwrap().iter().find(|c| c["spec"]["extendedResourceName"] == r).cloned();
+    assert_eq!(by_resource("nvidia.com/mig-1g.10gb").unwrap()["metadata"]["name"], "mig-1g.10gb");
+    assert_eq!(by_resource("nvidia.com/mig-1g.10gb.me").unwrap()["metadata"]["name"], "mig-1g.10gb.me");
+    assert_eq!(by_resource("nvidia.com/gpu").unwrap()["metadata"]["name"], "gpu");
+
+    let profiles: Value =
+        serde_json::from_str(&ok(&["device-classes", "--slurm-bridge", "--static-mig", "-o", "json"])).unwrap();
+    let profiles = profiles["deviceProfiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), selectors.len() - 1, "every class but `mig` (any profile)");
+    for p in profiles {
+        let class = &selectors[p["selector"].as_str().unwrap()];
+        assert_eq!(class, &p["name"], "the profile is named after its class (the Slurm GRES type): {p}");
+        assert_eq!(p["backend"], serde_json::json!({"type": "indexed-gres", "gresName": "gpu"}));
+    }
+}
+
+#[test]
+fn device_classes_cover_the_profiles_the_node_has() {
+    let list: Value = serde_json::from_str(&ok(&["--sim", "h100-80gb:2", "device-classes", "-o", "json"])).unwrap();
+    let names: Vec<&str> =
+        list["items"].as_array().unwrap().iter().map(|c| c["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "mig",
+            "gpu",
+            "mig-1g.10gb",
+            "mig-1g.10gb.me",
+            "mig-1g.20gb",
+            "mig-2g.20gb",
+            "mig-3g.40gb",
+            "mig-4g.40gb",
+            "mig-7g.80gb"
+        ]
+    );
+    let only: Value = serde_json::from_str(&ok(&[
+        "--sim",
+        "h100-80gb:1",
+        "device-classes",
+        "--profiles",
+        "1g.10gb,3g.40gb",
+        "--gpu-extended-resource",
+        "",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let items = only["items"].as_array().unwrap();
+    assert_eq!(items.len(), 4);
+    assert!(items[1]["spec"].get("extendedResourceName").is_none(), "{}", items[1]);
+    let table = ok(&["--sim", "h100-80gb:1", "device-classes"]);
+    assert!(table.contains("mig-3g.40gb") && table.contains("nvidia.com/mig-3g.40gb"), "{table}");
+}
+
+#[test]
+fn device_classes_refuse_names_the_api_server_would_refuse() {
+    let e = usage_error(&["--sim", "h100-80gb:1", "device-classes", "--profiles", "1g.5gb"]);
+    assert!(e.contains("\"1g.5gb\"") && e.contains("h100-80gb") && e.contains("1g.10gb"), "{e}");
+    let e = usage_error(&["device-classes", "--class-prefix", "MIG_"]);
+    assert!(e.contains("MIG_1g"), "{e}");
+    let e = usage_error(&["device-classes", "--extended-resource-prefix", "deviceclass.resource.kubernetes.io/"]);
+    assert!(e.contains("deviceclass.resource.kubernetes.io/mig") || e.contains("kubernetes.io"), "{e}");
+    let e = usage_error(&["device-classes", "--gpu-extended-resource", "gpu"]);
+    assert!(e.contains("\"gpu\"") && e.contains("no domain"), "{e}");
+    let e = usage_error(&["device-classes", "--static-mig"]);
+    assert!(e.contains("--slurm-bridge"), "{e}");
+}

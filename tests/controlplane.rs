@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use support::cluster::{apply, create_node, pool, repo};
+use support::cluster::{Outcome, allocated, apply, claim_ref, create_node, ours, outcome, pool, repo};
 use support::command::{Run, migdra};
 use support::controlplane::{ControlPlane, apiserver_134_dir};
 use support::daemon::Daemon;
@@ -65,12 +65,6 @@ struct Gpu {
     mig: bool,
     /// Device name → MIG UUID of every instance.
     instances: BTreeMap<String, String>,
-}
-
-/// What the scheduler did with a pod.
-enum Outcome {
-    Bound,
-    Unschedulable(String),
 }
 
 /// The control plane, the node's simulated GPUs, `migdra serve` and the test kubelet. Fields
@@ -201,33 +195,34 @@ impl Cluster {
         self.pods().create(&PostParams::default(), &pod).await.unwrap();
     }
 
-    /// Wait until the scheduler binds the pod or calls it unschedulable.
-    async fn outcome(&self, name: &str, timeout: Duration) -> Outcome {
-        eventually(format!("pod {name} bound or unschedulable"))
-            .within(timeout)
-            .every(Duration::from_millis(100))
-            .explain(|| self.diagnostics())
-            .until_async(move || async move {
-                let pod = self.pods().get(name).await.unwrap();
-                if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-                    return Ok(Outcome::Bound);
-                }
-                let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-                    cs.iter().find(|c| {
-                        c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
-                    })
-                });
-                match unschedulable {
-                    Some(c) => Ok(Outcome::Unschedulable(c.message.clone().unwrap_or_default())),
-                    None => Err(format!("{:?}", pod.status)),
-                }
-            })
-            .await
+    /// A pod as written for NVIDIA's device plugin: an extended resource in its limits, no claim.
+    async fn create_device_plugin_pod(&self, name: &str, resource: &str) {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": false,
+                "containers": [{
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {resource: "1"}}
+                }]
+            }
+        }))
+        .unwrap();
+        self.pods().create(&PostParams::default(), &pod).await.unwrap();
     }
 
-    /// The claims a pod uses: spec.resourceClaims, named directly or generated from a template.
+    /// Wait until the scheduler binds the pod or calls it unschedulable.
+    async fn outcome(&self, name: &str, timeout: Duration) -> Outcome {
+        outcome(&self.pods(), name, timeout, || self.diagnostics()).await
+    }
+
+    /// The claims a pod uses: spec.resourceClaims, named directly or generated from a template,
+    /// and the one the scheduler made for its extended resources (KEP-5004).
     async fn pod_claims(&self, name: &str) -> Vec<ResourceClaim> {
         let pod = self.pods().get(name).await.unwrap();
+        let extended = pod.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref());
         let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.clone()).unwrap_or_default();
         let mut out = Vec::new();
         for rc in pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).into_iter().flatten() {
@@ -237,6 +232,9 @@ impl Cluster {
                 .or_else(|| statuses.iter().find(|s| s.name == rc.name).and_then(|s| s.resource_claim_name.clone()));
             let claim_name = claim_name.unwrap_or_else(|| panic!("pod {name}: no claim for {}", rc.name));
             out.push(self.claims().get(&claim_name).await.unwrap());
+        }
+        if let Some(e) = extended {
+            out.push(self.claims().get(&e.resource_claim_name).await.unwrap());
         }
         out
     }
@@ -378,31 +376,6 @@ impl Cluster {
 
 fn template(profile: &str) -> &'static str {
     TEMPLATES.iter().find(|(p, _)| *p == profile).map(|(_, t)| *t).expect("a template for the profile")
-}
-
-fn claim_ref(c: &ResourceClaim) -> ClaimRef {
-    ClaimRef {
-        uid: c.metadata.uid.clone().unwrap(),
-        namespace: c.metadata.namespace.clone().unwrap(),
-        name: c.metadata.name.clone().unwrap(),
-    }
-}
-
-/// Our devices in a claim's allocation.
-fn allocated(c: &ResourceClaim) -> Vec<String> {
-    c.status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .map(|rs| rs.iter().filter(|r| r.driver == DRIVER && r.pool == NODE).map(|r| r.device.clone()).collect())
-        .unwrap_or_default()
-}
-
-/// Our entries of a claim's `status.devices`, as JSON.
-fn ours(c: &ResourceClaim) -> Vec<Value> {
-    let devices = c.status.as_ref().and_then(|s| s.devices.clone()).unwrap_or_default();
-    devices.into_iter().filter(|d| d.driver == DRIVER).map(|d| serde_json::to_value(d).unwrap()).collect()
 }
 
 fn consumption(model: &GpuModel, p: Placed) -> Counters {
@@ -776,9 +749,46 @@ async fn real_scheduler_allocates_and_migdra_prepares() {
         cluster.finish(name, true).await;
     }
     cluster.finish("p-whole", true).await;
+    device_plugin_style_pod(&cluster).await;
     let left: usize = cluster.gpus().iter().map(|g| g.instances.len()).sum();
     assert_eq!(left, 0, "MIG instances left after every pod ended");
     println!("scheduling scenario done in {:.1?} (control plane start included)", t0.elapsed());
+}
+
+/// A pod written for NVIDIA's device plugin (mixed strategy), unchanged: `nvidia.com/mig-1g.10gb: 1`
+/// in its limits and no claim. The DeviceClass from daemonset/base/deviceclasses.yaml names that
+/// extended resource, so the scheduler makes and allocates a claim for it (KEP-5004); migdra
+/// creates the instance, and the generated claim's status carries the MIG UUID and the Slurm
+/// index.
+async fn device_plugin_style_pod(cluster: &Cluster) {
+    cluster.create_device_plugin_pod("p-device-plugin", "nvidia.com/mig-1g.10gb").await;
+    match cluster.outcome("p-device-plugin", Duration::from_secs(60)).await {
+        Outcome::Bound => {}
+        Outcome::Unschedulable(m) => panic!("the device-plugin pod is unschedulable: {m}\n{}", cluster.diagnostics()),
+    }
+    let claims = cluster.pod_claims("p-device-plugin").await;
+    assert_eq!(claims.len(), 1, "one claim made for the extended resource: {claims:?}");
+    let claim = &claims[0];
+    let annotations = claim.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        annotations.contains_key("resource.kubernetes.io/extended-resource-claim"),
+        "the scheduler's extended-resource claim: {:?}",
+        claim.metadata
+    );
+    let devices = cluster.prepare("p-device-plugin").await;
+    assert_eq!(devices.len(), 1);
+    assert!(devices[0].contains("-mig-1g10gb-"), "a 1g.10gb partition: {devices:?}");
+    let c = cluster.claims().get(claim.metadata.name.as_ref().unwrap()).await.unwrap();
+    let data = &ours(&c)[0]["data"];
+    println!(
+        "p-device-plugin  nvidia.com/mig-1g.10gb: 1 -> claim {} device {} {} (Slurm GPU index {}, {} shard(s))",
+        claim.metadata.name.as_deref().unwrap_or_default(),
+        devices[0],
+        data["migUUID"],
+        data["slurmGpuIndex"],
+        data["slurmShards"]
+    );
+    cluster.finish("p-device-plugin", true).await;
 }
 
 /// The daemonset's service account, as its token authenticates it.

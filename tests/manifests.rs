@@ -65,12 +65,19 @@ fn is_kustomization(path: &Path) -> bool {
     matches!(path.file_name().and_then(|n| n.to_str()), Some("kustomization.yaml" | "kustomization.yml"))
 }
 
-/// Every YAML file under daemonset/, sorted.
+/// slurm-bridge's configuration for migdra's classes: not Kubernetes objects (tests/cli.rs checks
+/// it against `migdra device-classes --slurm-bridge`).
+const NOT_MANIFESTS: &str = "slurm-bridge";
+
+/// Every YAML file under daemonset/ that holds Kubernetes objects, sorted.
 fn yaml_files() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         for entry in entries {
             let path = entry.unwrap().path();
+            if path.is_dir() && path.file_name().is_some_and(|n| n == NOT_MANIFESTS) {
+                continue;
+            }
             if path.is_dir() {
                 walk(&path, out);
             } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {

@@ -7,6 +7,7 @@ mod backend;
 mod claims;
 mod cleanup;
 mod demo;
+mod device_classes;
 mod layout;
 mod output;
 mod profiles;
@@ -149,6 +150,9 @@ pub enum Command {
     Profiles(profiles::Args),
     /// Each GPU's memory slices and the MIG instance holding each
     Layout,
+    /// DeviceClasses for the MIG profiles (with the device plugin's extended resource names), or
+    /// slurm-bridge's deviceProfiles for them
+    DeviceClasses(device_classes::Args),
     /// The ResourceSlices serve would publish for this node, as a dry run (validated)
     Slices(slices::Args),
     /// Per GPU: NVML index, minor, PCI bus ID, UUID, Slurm index and its source, MIG mode, and the
@@ -203,6 +207,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
     match cli.command {
         Command::Profiles(args) => profiles::run(&args, &cli.global, out),
         Command::Layout => layout::run(&cli.global, out),
+        Command::DeviceClasses(args) => device_classes::run(&args, &cli.global, out),
         Command::Status => status::run(&cli.global, out),
         Command::Slices(args) => slices::run(&args, &cli.global, out),
         Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),

@@ -42,7 +42,7 @@ struct Placement {
 }
 
 pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
-    let models = selected(args, global)?;
+    let models = models(args.model.as_deref(), global)?;
     match global.output {
         Format::Json | Format::Yaml => {
             let views: Vec<ModelView> = models.iter().map(|m| view(m)).collect();
@@ -61,8 +61,10 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
     Ok(())
 }
 
-fn selected(args: &Args, global: &Global) -> Result<Vec<GpuModel>, CliError> {
-    if let Some(key) = &args.model {
+/// The models a command about profiles covers: `--model`, else the node's (live, simulator file
+/// or `--sim`), else every model.
+pub(super) fn models(model: Option<&str>, global: &Global) -> Result<Vec<GpuModel>, CliError> {
+    if let Some(key) = model {
         let m = catalog::model(key).ok_or_else(|| {
             CliError::Usage(format!("unknown model {key:?}; valid models: {}", catalog::model_keys()))
         })?;

@@ -7,11 +7,13 @@
 //! - [`publisher`]: publishes the slices and repairs drift.
 //! - [`claims`]: the claim source backed by the API server.
 //! - [`claim_status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
+//! - [`device_classes`]: the DeviceClasses for migdra's devices, and slurm-bridge's profiles for them.
 //! - [`events`]: Warning events on failed claims and on the Node.
 
 pub mod api_calls;
 pub mod claim_status;
 pub mod claims;
+pub mod device_classes;
 pub mod events;
 pub mod inventory;
 pub mod publisher;

@@ -1,12 +1,13 @@
 //! What the end-to-end tests put in a real cluster and read back from it: the Node a kubelet
 //! would register, the manifests of daemonset/, and a node's published pool.
 
-use super::DRIVER;
 use super::eventually::eventually;
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use super::{DRIVER, NODE};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use migdra::claims::ClaimRef;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -121,4 +122,61 @@ pub async fn pool(
         .until_async(move || async move { complete(api.list(params).await.unwrap().items) })
         .await;
     (slices, t.elapsed())
+}
+
+/// The kubelet's reference to a claim.
+pub fn claim_ref(c: &ResourceClaim) -> ClaimRef {
+    ClaimRef {
+        uid: c.metadata.uid.clone().unwrap(),
+        namespace: c.metadata.namespace.clone().unwrap(),
+        name: c.metadata.name.clone().unwrap(),
+    }
+}
+
+/// Our devices (driver [`DRIVER`], pool [`NODE`]) in a claim's allocation.
+pub fn allocated(c: &ResourceClaim) -> Vec<String> {
+    c.status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .map(|rs| rs.iter().filter(|r| r.driver == DRIVER && r.pool == NODE).map(|r| r.device.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Our entries of a claim's `status.devices`, as JSON.
+pub fn ours(c: &ResourceClaim) -> Vec<Value> {
+    let devices = c.status.as_ref().and_then(|s| s.devices.clone()).unwrap_or_default();
+    devices.into_iter().filter(|d| d.driver == DRIVER).map(|d| serde_json::to_value(d).unwrap()).collect()
+}
+
+/// What the scheduler did with a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Bound,
+    Unschedulable(String),
+}
+
+/// Wait until the scheduler binds the pod or calls it unschedulable.
+pub async fn outcome(pods: &Api<Pod>, name: &str, timeout: Duration, explain: impl Fn() -> String) -> Outcome {
+    eventually(format!("pod {name} bound or unschedulable"))
+        .within(timeout)
+        .every(Duration::from_millis(100))
+        .explain(explain)
+        .until_async(move || async move {
+            let pod = pods.get(name).await.unwrap();
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                return Ok(Outcome::Bound);
+            }
+            let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+                cs.iter().find(|c| {
+                    c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+                })
+            });
+            match unschedulable {
+                Some(c) => Ok(Outcome::Unschedulable(c.message.clone().unwrap_or_default())),
+                None => Err(format!("{:?}", pod.status)),
+            }
+        })
+        .await
 }

@@ -52,6 +52,9 @@ struct Process {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    /// How it was started, so that [`ControlPlane::restart`] starts it the same way.
+    program: PathBuf,
+    args: Vec<String>,
 }
 
 /// A running control plane; killed on drop.
@@ -342,18 +345,34 @@ impl ControlPlane {
     }
 
     fn spawn(&mut self, name: &'static str, bin: &Path, args: &[String]) {
-        let dir = self.dir();
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin.join(name))
+        let log = self.dir().join(format!("{name}.log"));
+        let program = bin.join(name);
+        let child = self.launch(&program, args, &log);
+        self.processes.push(Process { name, child, log, program, args: args.to_vec() });
+    }
+
+    /// Start a component, its output appended to its log.
+    fn launch(&self, program: &Path, args: &[String], log: &Path) -> Child {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        Command::new(program)
             .args(args)
-            .current_dir(&dir)
+            .current_dir(self.dir())
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)
             .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", bin.join(name).display()));
-        self.processes.push(Process { name, child, log });
+            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()))
+    }
+
+    /// Kill one component (SIGKILL, as a crash) and start it again with the same flags; its log
+    /// goes on in the same file.
+    pub fn restart(&mut self, name: &str) {
+        let i = self.processes.iter().position(|p| p.name == name).unwrap_or_else(|| panic!("no component {name}"));
+        let _ = self.processes[i].child.kill();
+        let _ = self.processes[i].child.wait();
+        let p = &self.processes[i];
+        let child = self.launch(&p.program, &p.args, &p.log);
+        self.processes[i].child = child;
     }
 
     fn dir(&self) -> PathBuf {
