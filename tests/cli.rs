@@ -283,3 +283,113 @@ fn device_classes_refuse_names_the_api_server_would_refuse() {
     let e = usage_error(&["device-classes", "--static-mig"]);
     assert!(e.contains("--slurm-bridge"), "{e}");
 }
+
+/// `migdra slurm-conf` for a node with no Slurm files yet: GPU records in NVML order (minors
+/// differ from it), one shard record per GPU with migdra's slurmShards, a static-MIG GPU left out
+/// with a comment, and one-line refusals of values Slurm would reject.
+#[test]
+fn slurm_conf_prints_the_lines_slurm_needs_and_refuses_bad_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state_arg(&dir.path().join("gpus.json"));
+    let none = state_arg(&dir.path().join("no-slurm.conf"));
+    let st = state_arg(&dir.path().join("state"));
+    let base = ["slurm-conf", "--sim", "h100-80gb:3", "--sim-state", &s, "--node-name", "n1", "--slurm-conf", &none];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(["--slurmd", "none", "--state-dir", &st]);
+        args.extend(extra);
+        ok(&args)
+    };
+    let v: Value = serde_json::from_str(&run(&["-o", "json"])).unwrap();
+    let minors: Vec<u64> = v["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap()).collect();
+    assert_ne!(minors, [0, 1, 2], "simulated minors are not NVML order");
+    assert_eq!(v["gres"], "gpu:h100:3,shard:24");
+    assert_eq!(v["slurmConf"], serde_json::json!(["GresTypes=gpu,shard", "NodeName=n1 Gres=gpu:h100:3,shard:24"]));
+    for (i, g) in v["gpus"].as_array().unwrap().iter().enumerate() {
+        assert_eq!((g["slurmGpuIndex"].as_u64(), g["slurmShards"].as_u64()), (Some(i as u64), Some(8)), "{g}");
+        assert_eq!(v["records"][i]["file"], format!("/dev/nvidia{}", minors[i]));
+        assert_eq!(v["records"][i]["type"], "h100");
+        assert_eq!(
+            (v["records"][3 + i]["name"].as_str(), v["records"][3 + i]["count"].as_u64()),
+            (Some("shard"), Some(8))
+        );
+    }
+    assert!(!Path::new(&st).exists(), "a command that only reads creates no state directory");
+
+    // The table is the configuration itself; --only picks one file.
+    let text = run(&["--shards-per-gpu", "4", "--dev-root", "/fake/dev", "--gres-type", "hopper"]);
+    assert!(text.contains("\nNodeName=n1 Gres=gpu:hopper:3,shard:12\n"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "\nNodeName=n1 Name=gpu Type=hopper File=/fake/dev/nvidia{} # Slurm index 0",
+            minors[0]
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!("\nNodeName=n1 Name=shard Count=4 File=/fake/dev/nvidia{}\n", minors[2])), "{text}");
+    let gres = run(&["--only", "gres.conf"]);
+    assert!(gres.starts_with("# gres.conf for Slurm node n1") && !gres.contains("GresTypes"), "{gres}");
+    assert_eq!(run(&["--only", "slurm.conf"]), "GresTypes=gpu,shard\nNodeName=n1 Gres=gpu:h100:3,shard:24\n");
+
+    // A static-MIG GPU: a comment, no record; the GPU after it moves up.
+    let text = run(&["--mig-mode-override", "1=static"]);
+    assert!(text.contains("Gres=gpu:h100:2,shard:16"), "{text}");
+    let left_out = format!("File=/dev/nvidia{}", minors[1]);
+    let records = text.lines().filter(|l| !l.starts_with('#'));
+    assert!(!records.clone().any(|l| l.split_whitespace().any(|w| w == left_out)), "{text}");
+    assert_eq!(records.filter(|l| l.contains("Name=shard")).count(), 2, "{text}");
+    assert!(text.contains(&format!("/dev/nvidia{}) is left out: in static MIG mode", minors[1])), "{text}");
+    assert!(text.contains(&format!("File=/dev/nvidia{} # Slurm index 1: NVML index 2", minors[2])), "{text}");
+
+    // Values Slurm would reject.
+    let mut args = base.to_vec();
+    args.extend(["--gres-type", "H100"]);
+    let e = usage_error(&args);
+    assert!(e.contains("--gres-type \"H100\"") && e.contains("lowercase letters, digits, '_', '-' and '.'"), "{e}");
+    let mut args = base.to_vec();
+    args.extend(["--gres-type", "gpu:a"]);
+    assert!(usage_error(&args).contains("\"gpu:a\""));
+    let mut args = base.to_vec();
+    args.extend(["--dev-root", "dev"]);
+    let e = usage_error(&args);
+    assert!(e.contains("--dev-root \"dev\"") && e.contains("absolute path"), "{e}");
+}
+
+/// An administrator's map that points two of this node's GPUs at one Slurm index: every command
+/// that reads it refuses with one line naming both GPUs and the index, and `serve` stops before
+/// it writes or publishes anything.
+#[test]
+fn a_map_with_one_index_twice_is_refused_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state_arg(&dir.path().join("gpus.json"));
+    let v: Value =
+        serde_json::from_str(&ok(&["layout", "--sim", "h100-80gb:2", "--sim-state", &s, "-o", "json"])).unwrap();
+    let (uuid0, bus1) = (v["gpus"][0]["uuid"].as_str().unwrap(), v["gpus"][1]["pci_bus_id"].as_str().unwrap());
+    let uuid1 = v["gpus"][1]["uuid"].as_str().unwrap();
+    let map = dir.path().join("map.yaml");
+    std::fs::write(&map, format!("# node n1\n{uuid0}: 3\n\"{bus1}\": 3\n")).unwrap();
+    let m = state_arg(&map);
+    let none = state_arg(&dir.path().join("no-slurm.conf"));
+    let bus1 = bus1.split_once(':').unwrap().1.to_ascii_lowercase();
+    let want = format!(
+        "{m}: GPU {uuid0} (line 2) and GPU {uuid1} (as 0000:{bus1}, line 3) both have Slurm index 3 on this node"
+    );
+    let flags = ["--sim-state", &s, "--slurm-index-map", &m, "--slurm-conf", &none, "--slurmd", "none"];
+    for cmd in [&["status"][..], &["slices", "--node-name", "n1"], &["slurm-conf", "--node-name", "n1"]] {
+        let mut args = cmd.to_vec();
+        args.extend(flags);
+        let e = usage_error(&args);
+        assert!(e.contains(&want), "{cmd:?}: {e}\nwant {want}");
+    }
+    let (plugins, registry, state) =
+        (dir.path().join("plugins"), dir.path().join("registry"), dir.path().join("state"));
+    let mut args = vec!["serve", "--node-name", "n1", "--claims-dir", &none];
+    let (p, r, st) = (state_arg(&plugins), state_arg(&registry), state_arg(&state));
+    args.extend(["--plugin-dir", &p, "--registry-dir", &r, "--state-dir", &st]);
+    args.extend(flags);
+    let e = usage_error(&args);
+    assert!(e.contains(&want), "serve: {e}");
+    for d in [&plugins, &registry, &state] {
+        assert!(!d.exists(), "serve refused at start, so it made no {}", d.display());
+    }
+}

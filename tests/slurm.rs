@@ -64,11 +64,16 @@ fn slurm_ready() -> Result<(), String> {
     Ok(())
 }
 
+/// One cluster at a time in this process: they would share ports and the two cores.
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// slurmctld and slurmd in the foreground, killed on drop.
 struct Cluster {
     conf: PathBuf,
     daemons: Vec<Child>,
     dir: PathBuf,
+    /// Held until the daemons are gone (fields drop after `drop` ran).
+    _one: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Drop for Cluster {
@@ -101,6 +106,7 @@ impl Drop for Cluster {
 
 impl Cluster {
     fn start(dir: &Path, host: &str, gres: &str) -> Self {
+        let one = ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let conf = dir.join("slurm.conf");
         let port = 17000 + (std::process::id() % 2000) * 2;
         for sub in ["ctld", "d"] {
@@ -134,7 +140,7 @@ impl Cluster {
                 .spawn()
                 .unwrap()
         };
-        let mut cluster = Self { conf: conf.clone(), daemons: Vec::new(), dir: dir.to_path_buf() };
+        let mut cluster = Self { conf: conf.clone(), daemons: Vec::new(), dir: dir.to_path_buf(), _one: one };
         cluster.daemons.push(spawn("slurmctld", &["-D", "-i"]));
         std::thread::sleep(Duration::from_millis(500));
         cluster.daemons.push(spawn("slurmd", &["-D", "-N", host]));
@@ -177,6 +183,16 @@ impl Cluster {
         let idx = &text[at..at + text[at..].find(')').unwrap()];
         idx.parse().unwrap_or_else(|_| panic!("job {id}: IDX {idx} is not one index"))
     }
+}
+
+/// Every device of `migdra slices -o json`'s list.
+fn devices(slices: &Value) -> Vec<Value> {
+    slices["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .collect()
 }
 
 #[test]
@@ -331,12 +347,7 @@ fn migdra_computes_the_index_slurmd_gives_each_gpu() {
         .collect();
     let driver = "mig.slinky.slurm.net";
     let mut seen = 0;
-    for d in slices["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-    {
+    for d in devices(&slices) {
         let a = &d["attributes"];
         let attr = |k: &str| a[k].clone(); // unqualified names are the driver's own
         let minor = attr("minor")["int"].as_u64().unwrap() as u32;
@@ -380,6 +391,179 @@ fn migdra_computes_the_index_slurmd_gives_each_gpu() {
     assert_eq!(data["slurmShards"], (4 * shards(gpu)).div_ceil(8), "{data}");
     assert_eq!(data["parentUUID"], uuids[gpu].as_str());
     println!("claim on GPU minor {}: Slurm IDX {job}, status {data}", minors[gpu]);
+}
+
+/// A hybrid node configured from `migdra slurm-conf`, as an administrator would: the command's
+/// gres.conf in `dir/gres.conf`, its `Gres=` on the node's line of `dir/slurm.conf`, and a fake
+/// `/dev/nvidiaN` character device under `dir/dev` for each GPU it lists; then slurmctld and slurmd
+/// are started. `dir` holds the simulated GPUs (`sim.json`, see [`migdra`]); `extra` goes to the
+/// command (e.g. `--shards-per-gpu 4`, `--slurm-index-map FILE`, `--mig-mode-override 1=static`).
+/// Returns the cluster and the command's JSON: `gres`, `records`, and per GPU in NVML order
+/// `slurmGpuIndex` (absent when Slurm does not schedule it) and `slurmShards`.
+fn hybrid_node(dir: &Path, host: &str, extra: &[&str]) -> (Cluster, Value) {
+    let dev = dir.join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let conf_path = dir.join("slurm.conf");
+    let mut args = vec!["slurm-conf", "-o", "json", "--slurm-node-name", host, "--slurmd", "none"];
+    args.extend(["--dev-root", dev.to_str().unwrap(), "--slurm-conf", conf_path.to_str().unwrap()]);
+    args.extend(extra);
+    let conf: Value = serde_json::from_str(&migdra(dir, &args)).unwrap();
+    for g in conf["gpus"].as_array().unwrap().iter().filter(|g| g["slurmGpuIndex"].is_u64()) {
+        let file = g["file"].as_str().unwrap();
+        if !Path::new(file).exists() {
+            run("mknod", &[file, "c", "195", &g["minor"].to_string()], Path::new("/dev/null"));
+        }
+    }
+    let lines: Vec<&str> = conf["gresConf"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    std::fs::write(dir.join("gres.conf"), format!("{}\n", lines.join("\n"))).unwrap();
+    let cluster = Cluster::start(dir, host, conf["gres"].as_str().unwrap());
+    (cluster, conf)
+}
+
+/// `migdra status -o json` against the running cluster: (source, notes that are warnings, per GPU
+/// in NVML order its Slurm index and shards).
+type Seen = (String, Vec<Value>, Vec<(Option<u64>, u64)>);
+
+fn slurm_view(dir: &Path, cluster: &Cluster, host: &str, extra: &[&str]) -> Seen {
+    let mut args = vec!["status", "-o", "json", "--slurm-conf", cluster.conf.to_str().unwrap()];
+    args.extend(["--slurm-node-name", host]);
+    args.extend(extra);
+    let status: Value = serde_json::from_str(&migdra(dir, &args)).unwrap();
+    let warnings =
+        status["slurm"]["notes"].as_array().unwrap().iter().filter(|n| n["warning"] == true).cloned().collect();
+    let gpus = status["gpus"].as_array().unwrap();
+    let per_gpu = gpus.iter().map(|g| (g["slurmGpuIndex"].as_u64(), g["slurmShards"].as_u64().unwrap())).collect();
+    (status["slurm"]["source"].as_str().unwrap().to_string(), warnings, per_gpu)
+}
+
+/// `migdra slurm-conf`'s lines make the real slurmd number the GPUs and count their shards as
+/// migdra does: by default Slurm index = NVML index (the minors follow neither), shards = migdra's
+/// slurmShards for the whole GPU; with an administrator's map, the map's order; a static-MIG GPU is
+/// left out and Slurm does not schedule it. Checked through `slurmd -G` (migdra's `slurmd` source),
+/// the gres.conf emulation, the node's GRES in slurmctld, and jobs: one job of a whole GPU's shards
+/// runs on every GPU, each on its own IDX, and nothing more fits.
+#[test]
+fn slurm_conf_makes_slurm_agree_with_migdra() {
+    if let Err(why) = slurm_ready() {
+        assert!(std::env::var("MIGDRA_REQUIRE_SLURM").as_deref() != Ok("1"), "Slurm is required here: {why}");
+        println!("SKIPPED (set MIGDRA_REQUIRE_SLURM=1 to fail instead): {why}");
+        return;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    let slurmd = format!("{SBIN}/slurmd");
+
+    // Twelve GPUs, two of them with MIG off (published whole); minors not in NVML order.
+    let tmp = tempfile::Builder::new().prefix("migdra-slurmconf").tempdir_in("/tmp").unwrap();
+    let dir = tmp.path();
+    support::command::migdra()
+        .args(["--sim", "h100-80gb:10,h100-80gb:2:mig-off", "--sim-state", dir.join("sim.json").to_str().unwrap()])
+        .arg("layout")
+        .ok();
+    let layout: Value = serde_json::from_str(&migdra(dir, &["layout", "-o", "json"])).unwrap();
+    let minors: Vec<u64> = layout["gpus"].as_array().unwrap().iter().map(|g| g["minor"].as_u64().unwrap()).collect();
+    assert_ne!(minors, (0..GPUS as u64).collect::<Vec<_>>());
+    let (cluster, conf) = hybrid_node(dir, &host, &[]);
+    assert_eq!(conf["gres"], "gpu:h100:12,shard:96");
+    let node = cluster.scontrol(&["show", "node", &host]);
+    assert!(node.contains("Gres=gpu:h100:12,shard:h100:96"), "{node}");
+    let want: Vec<(Option<u64>, u64)> = (0..GPUS as u64).map(|i| (Some(i), 8)).collect();
+    let generated: Vec<(Option<u64>, u64)> = conf["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["slurmGpuIndex"].as_u64(), g["slurmShards"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(generated, want, "slurm-conf: Slurm index = NVML index, 8 shards each");
+    for (flag, source) in [(slurmd.as_str(), "slurmd"), ("none", "gres.conf")] {
+        let (got, warnings, per_gpu) = slurm_view(dir, &cluster, &host, &["--slurmd", flag]);
+        assert_eq!((got.as_str(), warnings, &per_gpu), (source, Vec::new(), &want), "{source}");
+        println!("{source}: (Slurm index, shards) by NVML index {per_gpu:?}, minors {minors:?}");
+    }
+    // What the slices publish: every device carries its GPU's index; the whole GPU its shards.
+    let slices: Value = serde_json::from_str(&migdra(
+        dir,
+        &[
+            "slices",
+            "-o",
+            "json",
+            "--slurmd",
+            &slurmd,
+            "--slurm-conf",
+            cluster.conf.to_str().unwrap(),
+            "--slurm-node-name",
+            &host,
+        ],
+    ))
+    .unwrap();
+    let mut most = vec![0; GPUS];
+    for d in devices(&slices) {
+        let a = &d["attributes"];
+        let i = minors.iter().position(|m| Some(*m) == a["minor"]["int"].as_u64()).unwrap();
+        assert_eq!(a["slurmGpuIndex"]["int"].as_u64(), want[i].0, "{}", d["name"]);
+        let shards = a["slurmShards"]["int"].as_u64().unwrap();
+        most[i] = most[i].max(shards);
+        if d["name"] == format!("gpu-{}", minors[i]) {
+            assert_eq!(shards, want[i].1, "{}: the whole GPU", d["name"]);
+        }
+    }
+    assert_eq!(most, vec![8; GPUS], "the largest device of each GPU stands for all its shards");
+    // Jobs: a whole GPU's shards fit on every GPU, each on its own IDX, and then nothing fits.
+    let jobs: Vec<String> = (0..GPUS).map(|i| cluster.submit(&format!("s{i}"), "shard:8")).collect();
+    cluster.wait_for(
+        |c| jobs.iter().all(|id| c.scontrol(&["show", "job", id]).contains("JobState=RUNNING")),
+        "every shard job RUNNING",
+    );
+    let idx: BTreeSet<u32> = jobs.iter().map(|id| cluster.job_index(id)).collect();
+    assert_eq!(idx, (0..GPUS as u32).collect::<BTreeSet<_>>());
+    let more = cluster.submit("more", "shard:1");
+    std::thread::sleep(Duration::from_secs(3));
+    let text = cluster.scontrol(&["show", "job", &more]);
+    assert!(text.contains("JobState=PENDING"), "no GPU has a 9th shard: {text}");
+    drop(cluster);
+
+    // Six GPUs: NVML 1 in static MIG mode, 4 shards per GPU, a map in reverse NVML order.
+    let tmp = tempfile::Builder::new().prefix("migdra-slurmconf").tempdir_in("/tmp").unwrap();
+    let dir = tmp.path();
+    support::command::migdra()
+        .args(["--sim", "h100-80gb:6", "--sim-state", dir.join("sim.json").to_str().unwrap(), "layout"])
+        .ok();
+    let layout: Value = serde_json::from_str(&migdra(dir, &["layout", "-o", "json"])).unwrap();
+    let uuids: Vec<&str> = layout["gpus"].as_array().unwrap().iter().map(|g| g["uuid"].as_str().unwrap()).collect();
+    let listed = [5, 4, 3, 2, 0];
+    let map: String = listed.iter().enumerate().map(|(k, &i)| format!("{}: {k}\n", uuids[i])).collect();
+    std::fs::write(dir.join("map.yaml"), map).unwrap();
+    let m = dir.join("map.yaml");
+    let flags = ["--mig-mode-override", "1=static", "--shards-per-gpu", "4", "--slurm-index-map", m.to_str().unwrap()];
+    let (cluster, conf) = hybrid_node(dir, &host, &flags);
+    assert_eq!(conf["gres"], "gpu:h100:5,shard:20");
+    assert!(conf["gpus"][1]["leftOut"].as_str().unwrap().starts_with("in static MIG mode"), "{}", conf["gpus"][1]);
+    let node = cluster.scontrol(&["show", "node", &host]);
+    assert!(node.contains("Gres=gpu:h100:5,shard:h100:20"), "{node}");
+    let mut want: Vec<(Option<u64>, u64)> = vec![(None, 8); 6];
+    for (k, &i) in listed.iter().enumerate() {
+        want[i] = (Some(k as u64), 4);
+    }
+    let (map_flag, none) = (["--slurm-index-map", m.to_str().unwrap()], [] as [&str; 0]);
+    for (extra, source) in [(&map_flag[..], "admin-map"), (&none[..], "slurmd")] {
+        let mut args = vec!["--slurmd", slurmd.as_str(), "--mig-mode-override", "1=static"];
+        args.extend(extra);
+        let (got, warnings, per_gpu) = slurm_view(dir, &cluster, &host, &args);
+        assert_eq!(got, source);
+        assert!(warnings.is_empty(), "{source}: slurmd agrees with the map: {warnings:?}");
+        let indexes: Vec<Option<u64>> = per_gpu.iter().map(|g| g.0).collect();
+        assert_eq!(indexes, want.iter().map(|w| w.0).collect::<Vec<_>>(), "{source}");
+        for &i in &listed {
+            assert_eq!(per_gpu[i].1, 4, "{source}: shards of NVML {i}");
+        }
+        println!("{source}, static NVML 1: (Slurm index, shards) by NVML index {per_gpu:?}");
+    }
+    let jobs: Vec<String> = (0..5).map(|i| cluster.submit(&format!("g{i}"), "gpu:1")).collect();
+    cluster.wait_for(
+        |c| jobs.iter().all(|id| c.scontrol(&["show", "job", id]).contains("JobState=RUNNING")),
+        "five GPU jobs RUNNING",
+    );
+    let idx: BTreeSet<u32> = jobs.iter().map(|id| cluster.job_index(id)).collect();
+    assert_eq!(idx, (0..5).collect::<BTreeSet<_>>(), "Slurm schedules five GPUs, not the static one");
 }
 
 /// Bad Slurm files never stop the plugin: it publishes with the next source, and `status` and the
@@ -438,14 +622,24 @@ fn bad_slurm_files_fall_back_and_say_so() {
         "source attribute"
     );
 
-    // A map with a duplicate index falls back to gres.conf, which is fine again.
+    // A map with a duplicate index is not a bad file but a contradiction: refused (exit 2).
     std::fs::write(&gres, format!("Name=gpu File=/dev/nvidia{a}\nName=gpu File=/dev/nvidia{b}\n")).unwrap();
     let map = dir.join("map.yaml");
     std::fs::write(&map, format!("{uuid0}: 4\n\"{}\": 4\n", layout["gpus"][1]["pci_bus_id"].as_str().unwrap()))
         .unwrap();
-    let (json, table) = status(&["--slurm-index-map", map.to_str().unwrap()]);
-    assert_eq!(json["slurm"]["source"], "gres.conf");
-    assert!(table.contains(&format!("{}:2: index 4 is given twice", map.display())), "{table}");
+    let mut args = vec!["status", "--slurm-index-map", map.to_str().unwrap()];
+    args.extend(base);
+    let out = support::command::migdra()
+        .args(["--sim-state", sim.to_str().unwrap(), "--state-dir", dir.join("state").to_str().unwrap()])
+        .args(&args)
+        .run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("{}: GPU {uuid0} (line 1) and GPU", map.display()))
+            && err.contains("both have Slurm index 4"),
+        "{err}"
+    );
     // A good map wins, and its disagreement with gres.conf is a loud conflict.
     std::fs::write(&map, format!("{uuid0}: 7\n\"{}\": 6\n", layout["gpus"][1]["pci_bus_id"].as_str().unwrap()))
         .unwrap();

@@ -114,7 +114,10 @@ pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliEr
         opts.mode_overrides.push((gpu.trim().to_string(), m));
     }
     let backend: Arc<dyn GpuBackend> = Arc::from(open_with_events(global, events)?);
-    let engine = Engine::new(backend, opts).map_err(|e| CliError::Failed(e.to_string()))?;
+    let engine = Engine::new(backend, opts).map_err(|e| match e {
+        crate::prepare::PrepareError::Slurm(_) => CliError::Usage(e.to_string()),
+        _ => CliError::Failed(e.to_string()),
+    })?;
     crash_points(engine)
 }
 

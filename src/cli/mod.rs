@@ -14,6 +14,7 @@ mod profiles;
 mod serve;
 mod sim;
 mod slices;
+mod slurmconf;
 mod slurmflags;
 mod status;
 
@@ -158,6 +159,9 @@ pub enum Command {
     /// Per GPU: NVML index, minor, PCI bus ID, UUID, Slurm index and its source, MIG mode, and the
     /// instances with their claims. Reads only.
     Status,
+    /// The slurm.conf and gres.conf lines of a hybrid node whose Slurm GPU indexes and shards are
+    /// the ones migdra publishes. Reads only
+    SlurmConf(slurmconf::Args),
     /// Drive the simulated GPUs by hand
     #[command(subcommand)]
     Sim(sim::SimCommand),
@@ -210,6 +214,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::DeviceClasses(args) => device_classes::run(&args, &cli.global, out),
         Command::Status => status::run(&cli.global, out),
         Command::Slices(args) => slices::run(&args, &cli.global, out),
+        Command::SlurmConf(args) => slurmconf::run(&args, &cli.global, out),
         Command::Sim(cmd) => sim::run(&cmd, &cli.global, out),
         Command::Claims(args) => claims::run(&args, &cli.global, out),
         Command::Cleanup(args) => cleanup::run(&args, &cli.global, out),

@@ -31,12 +31,15 @@ pub enum PrepareError {
     Discovery(GpuError),
     #[error("cannot create the state directory {}: {source}", path.display())]
     StateDir { path: PathBuf, source: std::io::Error },
+    /// The Slurm index sources contradict themselves (an admin map with one index twice).
+    #[error("{0}")]
+    Slurm(crate::slurm::SlurmError),
 }
 
 impl PrepareError {
     /// The fixed label a failure is counted under in `migdra_errors_total`: `bad-device`,
     /// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`,
-    /// `checkpoint`, `timeout` (a GPU lock held too long), `discovery`, `state-dir`.
+    /// `checkpoint`, `timeout` (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`.
     pub fn reason(&self) -> String {
         match self {
             Self::BadDevice { .. } => "bad-device".into(),
@@ -52,6 +55,7 @@ impl PrepareError {
             Self::Busy { .. } => "timeout".into(),
             Self::Discovery(_) => "discovery".into(),
             Self::StateDir { .. } => "state-dir".into(),
+            Self::Slurm(_) => "slurm-index".into(),
         }
     }
 

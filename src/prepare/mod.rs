@@ -171,7 +171,7 @@ impl Engine {
             .map(|(info, model, _)| node_gpu(backend.as_ref(), info, model))
             .collect::<Result<Vec<_>, _>>()
             .map_err(PrepareError::Discovery)?;
-        let slurm = slurm::resolve(&opts.slurm, &node_gpus);
+        let slurm = slurm::resolve(&opts.slurm, &node_gpus).map_err(PrepareError::Slurm)?;
         for ((info, model, mode), s) in found.into_iter().zip(&slurm.gpus) {
             let lock = GpuLock::new(&opts.state_dir, &info.uuid);
             gpus.push(GpuEntry { info, model, mode, slurm: s.clone(), lock });

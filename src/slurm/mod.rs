@@ -9,10 +9,13 @@
 //!
 //! A source that fails (a bad file, a GPU it names that is not here, a GPU it leaves out) is
 //! skipped with a one-line reason naming the file and line, and the next one decides. Sources that
-//! work but disagree are reported as conflicts; the higher one wins. Nothing here fails: a node
-//! always gets an answer and the notes say how sure it is.
+//! work but disagree are reported as conflicts; the higher one wins. One thing fails outright: an
+//! administrator's map that gives two of this node's GPUs one index ([`SlurmError`]). That map is a
+//! statement about this node that cannot be true, and any fallback would publish indexes the
+//! administrator said are wrong.
 
 pub mod conf;
+pub mod generate;
 pub mod gresconf;
 pub mod hostlist;
 pub mod indexmap;
@@ -23,6 +26,18 @@ pub mod slurmd;
 use order::Record;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+
+/// What stops migdra from deciding this node's Slurm indexes at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlurmError {
+    /// Two of this node's GPUs have one index in the administrator's map.
+    /// `first` and `second` name each GPU and the map line that placed it.
+    #[error(
+        "{}: GPU {first} and GPU {second} both have Slurm index {index} on this node; give each GPU of a node its own index",
+        map.display()
+    )]
+    DuplicateIndex { map: PathBuf, index: u32, first: String, second: String },
+}
 
 /// Which source decided a GPU's Slurm index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -164,12 +179,15 @@ struct Answer {
     migs: Vec<Vec<MigSlurm>>,
 }
 
-/// Decide every GPU's Slurm index and shards. Never fails; see the notes.
-pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
+/// Decide every GPU's Slurm index and shards; an unusable source only adds a note.
+///
+/// # Errors
+/// The administrator's map gives two of these GPUs one index.
+pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Result<Resolution, SlurmError> {
     let mut notes = Vec::new();
     let mut answers: Vec<(Source, Result<Answer, String>)> = Vec::new();
     if let Some(map) = &settings.index_map {
-        match from_map(map, gpus, &mut notes) {
+        match from_map(map, gpus, &mut notes)? {
             Ok(None) => notes.push(info(format!(
                 "{} names no GPU of this node (an empty map, or other nodes' GPUs); the next source decides",
                 map.display()
@@ -228,8 +246,16 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
             }
         }
     }
+    for (g, (index, migs)) in gpus.iter().zip(answer.indexes.iter().zip(&answer.migs)) {
+        if index.is_none() && migs.is_empty() {
+            notes.push(info(format!(
+                "GPU {} (minor {}, MIG on) has no Slurm index: {source} lists neither it nor its MIG instances, so Slurm does not schedule it",
+                g.uuid, g.minor
+            )));
+        }
+    }
     let shards = settle_shards(settings, gpus, &answers, &mut notes);
-    Resolution {
+    Ok(Resolution {
         source,
         rule: answer.rule.clone(),
         gpus: gpus
@@ -244,7 +270,7 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Resolution {
             })
             .collect(),
         notes,
-    }
+    })
 }
 
 fn show(i: Option<u32>) -> String {
@@ -300,9 +326,17 @@ fn nvml_order(gpus: &[NodeGpu]) -> Answer {
     }
 }
 
-/// `None`: the map has nothing for this node's GPUs.
-fn from_map(path: &Path, gpus: &[NodeGpu], notes: &mut Vec<Note>) -> Result<Option<Answer>, String> {
-    let entries = indexmap::read(path).map_err(|e| e.to_string())?;
+/// `Ok(Ok(None))`: the map has nothing for this node's GPUs; `Ok(Err)`: the map is unusable and
+/// the next source decides; `Err`: the map contradicts itself on this node.
+fn from_map(
+    path: &Path,
+    gpus: &[NodeGpu],
+    notes: &mut Vec<Note>,
+) -> Result<Result<Option<Answer>, String>, SlurmError> {
+    let entries = match indexmap::read(path) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
     // By UUID first: a UUID names one GPU in the cluster, a PCI bus ID one slot on every node.
     let mut chosen: Vec<Option<&indexmap::Entry>> = vec![None; gpus.len()];
     for (i, g) in gpus.iter().enumerate() {
@@ -320,26 +354,42 @@ fn from_map(path: &Path, gpus: &[NodeGpu], notes: &mut Vec<Note>) -> Result<Opti
         chosen[i] = by_uuid.or(by_pci);
     }
     if chosen.iter().all(Option::is_none) {
-        return Ok(None);
+        return Ok(Ok(None));
     }
+    // Duplicates first: they are fatal, a missing GPU only makes the map unusable.
+    let named = |i: usize, e: &indexmap::Entry| {
+        let g = &gpus[i];
+        match &e.gpu {
+            indexmap::GpuKey::Uuid(_) => format!("{} (line {})", g.uuid, e.at.line),
+            key => format!("{} (as {key}, line {})", g.uuid, e.at.line),
+        }
+    };
     for (i, e) in chosen.iter().enumerate() {
-        let Some(e) = e else {
-            let g = &gpus[i];
-            return Err(format!("{} does not map GPU {} ({})", path.display(), g.uuid, g.pci_bus_id));
-        };
-        if let Some(other) = chosen[..i].iter().flatten().find(|o| o.index == e.index) {
-            return Err(format!(
-                "{}: index {} is given twice on this node ({} at line {} and {})",
-                e.at, e.index, other.gpu, other.at.line, e.gpu
-            ));
+        let Some(e) = *e else { continue };
+        if let Some((j, other)) =
+            chosen[..i].iter().enumerate().find_map(|(j, o)| o.filter(|o| o.index == e.index).map(|o| (j, o)))
+        {
+            let (first, second) = if other.at.line <= e.at.line { ((j, other), (i, e)) } else { ((i, e), (j, other)) };
+            return Err(SlurmError::DuplicateIndex {
+                map: path.to_path_buf(),
+                index: e.index,
+                first: named(first.0, first.1),
+                second: named(second.0, second.1),
+            });
         }
     }
-    Ok(Some(Answer {
+    // A MIG GPU the map leaves out has no index, as when Slurm's files leave it out (a static-MIG
+    // GPU Slurm does not schedule); any other GPU left out makes the map unusable.
+    if let Some(i) = chosen.iter().zip(gpus).position(|(e, g)| e.is_none() && !g.mig_enabled) {
+        let g = &gpus[i];
+        return Ok(Err(format!("{} does not map GPU {} ({})", path.display(), g.uuid, g.pci_bus_id)));
+    }
+    Ok(Ok(Some(Answer {
         rule: format!("administrator's map {}", path.display()),
         indexes: chosen.iter().map(|e| e.map(|e| e.index)).collect(),
         shards: vec![None; gpus.len()],
         migs: vec![Vec::new(); gpus.len()],
-    }))
+    })))
 }
 
 fn from_conf(settings: &Settings, gpus: &[NodeGpu], notes: &mut Vec<Note>) -> Result<Answer, String> {
@@ -455,7 +505,13 @@ fn from_records(records: &[Record], gpus: &[NodeGpu], rule: String) -> Result<An
             })?;
         migs[g].push(MigSlurm { gpu_instance_id: m.gi, compute_instance_id: m.ci, index: pos });
     }
-    if let Some(g) = gpus.iter().enumerate().find(|(i, _)| indexes[*i].is_none() && migs[*i].is_empty()).map(|(_, g)| g)
+    // A MIG GPU may be left out on purpose: a static-MIG GPU that a File-based gres.conf cannot
+    // describe (`migdra slurm-conf` leaves it out). Slurm then does not schedule it: no index.
+    if let Some(g) = gpus
+        .iter()
+        .enumerate()
+        .find(|(i, g)| !g.mig_enabled && indexes[*i].is_none() && migs[*i].is_empty())
+        .map(|(_, g)| g)
     {
         return Err(format!("GPU {} (/dev/nvidia{}) is not in Slurm's GPU list", g.uuid, g.minor));
     }

@@ -48,7 +48,7 @@ impl Node {
     }
 
     fn resolve(&self, gpus: &[NodeGpu]) -> Resolution {
-        resolve(&self.settings, gpus)
+        resolve(&self.settings, gpus).unwrap()
     }
 }
 
@@ -140,30 +140,52 @@ fn bad_sources_fall_back_naming_file_and_line() {
         "{w}"
     );
 
-    // A GPU Slurm does not list.
+    // A GPU with MIG off that Slurm does not list: unusable. With MIG on (static MIG, left out
+    // by `migdra slurm-conf`) it only has no index.
     n.slurm("gpu:a:2,gpu:b:1", &GRES.replace("Name=gpu Type=b File=/dev/nvidia0\n", ""));
-    let w = warnings(&n.resolve(&gpus())).join("\n");
+    let mut g = gpus();
+    g[1].mig_enabled = false;
+    let w = warnings(&n.resolve(&g)).join("\n");
     assert!(w.contains("GPU GPU-00000001 (/dev/nvidia0) is not in Slurm's GPU list"), "{w}");
+    let r = n.resolve(&gpus());
+    assert_eq!((r.source, indexes(&r)), (Source::GresConf, vec![Some(1), None, Some(0), Some(2)]));
+    assert!(warnings(&r).is_empty(), "{:?}", r.notes);
 
     // Unknown keys.
     n.slurm("gpu:a:2,gpu:b:2", &format!("{GRES}Flags=x Colour=blue\n"));
     let w = warnings(&n.resolve(&gpus())).join("\n");
     assert!(w.contains("gres.conf:7: unknown key \"Colour\""), "{w}");
 
-    // A map with a duplicate falls back to gres.conf, which still decides.
+    // A map that gives two GPUs one index is refused outright, naming both and the index: no
+    // fallback, since the administrator said the other sources are wrong.
     n.slurm("gpu:a:2,gpu:b:2", GRES);
-    n.settings.index_map = Some(n.write("map.yaml", "GPU-00000000: 1\nGPU-00000001: 1\n"));
-    let r = n.resolve(&gpus());
-    assert_eq!(r.source, Source::GresConf);
-    let w = warnings(&r);
-    assert!(
-        w[0].contains("map.yaml:2: index 1 is given twice on this node") && w[0].ends_with("falling back to gres.conf"),
-        "{w:?}"
+    let map = n.write("map.yaml", "GPU-00000000: 1\n0000:19:00.0: 1\nGPU-00000002: 0\n");
+    n.settings.index_map = Some(map.clone());
+    let e = resolve(&n.settings, &gpus()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: GPU GPU-00000000 (line 1) and GPU GPU-00000001 (as 0000:19:00.0, line 2) both have Slurm index 1 on this node; give each GPU of a node its own index",
+            map.display()
+        )
     );
 
-    // A map that does not cover every GPU here, or with a non-integer.
-    n.settings.index_map = Some(n.write("map.yaml", "GPU-99: 1\nGPU-00000000: 0\n"));
-    assert!(warnings(&n.resolve(&gpus()))[0].contains("map.yaml does not map GPU GPU-00000001"));
+    // A map that does not cover a GPU with MIG off, or with a non-integer: unusable.
+    n.settings.index_map = Some(n.write("map.yaml", "GPU-99: 1\nGPU-00000000: 0\nGPU-00000002: 1\n"));
+    let mut g = gpus();
+    g[3].mig_enabled = false;
+    assert!(warnings(&n.resolve(&g))[0].contains("map.yaml does not map GPU GPU-00000003"));
+    // MIG GPUs it leaves out (static MIG, which Slurm does not schedule) have no index.
+    g[3].mig_enabled = true;
+    n.settings.index_map = Some(n.write("map.yaml", "GPU-00000000: 0\nGPU-00000002: 1\nGPU-00000003: 2\n"));
+    let r = n.resolve(&g);
+    assert_eq!((r.source, indexes(&r)), (Source::AdminMap, vec![Some(0), None, Some(1), Some(2)]));
+    assert!(
+        r.notes.iter().any(|n| !n.warning
+            && n.message.starts_with("GPU GPU-00000001 (minor 0, MIG on) has no Slurm index: admin-map lists neither")),
+        "{:?}",
+        r.notes
+    );
     n.settings.index_map = Some(n.write("map.yaml", "GPU-00000000: one\n"));
     assert!(
         warnings(&n.resolve(&gpus()))[0]
@@ -188,15 +210,30 @@ fn one_map_serves_every_node() {
         "map.yaml",
         "0000:18:00.0: 3\n0000:19:00.0: 2\n0000:1a:00.0: 1\n0000:1b:00.0: 0\nGPU-00000000: 3\nGPU-00000003: 2\n",
     ));
+    // GPU 3's UUID entry (2) outranks its bus ID entry (0), which leaves GPU 1 (bus ID: 2) on
+    // the same index: refused.
+    let e = resolve(&n.settings, &gpus()).unwrap_err().to_string();
+    assert!(
+        e.contains("GPU GPU-00000001 (as 0000:19:00.0, line 2) and GPU GPU-00000003 (line 6) both have Slurm index 2"),
+        "{e}"
+    );
+    n.settings.index_map = Some(n.write(
+        "map.yaml",
+        "0000:18:00.0: 3\n0000:19:00.0: 2\n0000:1a:00.0: 1\n0000:1b:00.0: 0\nGPU-00000000: 3\nGPU-00000003: 0\n",
+    ));
+    let r = n.resolve(&gpus());
+    assert_eq!((r.source, indexes(&r)), (Source::AdminMap, vec![Some(3), Some(2), Some(1), Some(0)]));
+    assert!(warnings(&r).is_empty(), "{:?}", r.notes);
+    n.settings.index_map = Some(
+        n.write("map.yaml", "0000:1b:00.0: 0\nGPU-00000003: 1\nGPU-00000001: 2\nGPU-00000000: 3\nGPU-00000002: 0\n"),
+    );
     let r = n.resolve(&gpus());
     let w = warnings(&r);
-    assert_eq!(w.len(), 2, "{w:?}");
     assert!(
-        w[0].contains("map.yaml:6: GPU-00000003 maps GPU GPU-00000003 to 2, but 0000:1b:00.0 (")
+        w[0].contains("map.yaml:2: GPU-00000003 maps GPU GPU-00000003 to 1, but 0000:1b:00.0 (")
             && w[0].ends_with("using the UUID's"),
         "{w:?}"
     );
-    assert!(w[1].contains("index 2 is given twice on this node"), "{w:?}");
     n.settings.index_map = Some(n.write("map.yaml", "# none yet\n{}\n"));
     let r = n.resolve(&gpus());
     assert_eq!(r.source, Source::Nvml);
