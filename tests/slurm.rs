@@ -19,14 +19,12 @@ mod support;
 
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 use support::command::Run;
+use support::slurm::{self, SBIN, Slurm};
 
 const GPUS: usize = 12;
-const SBIN: &str = "/usr/sbin";
-
 fn migdra(dir: &Path, args: &[&str]) -> String {
     support::command::migdra()
         .args(["--sim-state", dir.join("sim.json").to_str().unwrap(), "--node-name", "node-a"])
@@ -36,156 +34,6 @@ fn migdra(dir: &Path, args: &[&str]) -> String {
         .ok()
 }
 
-fn run(cmd: &str, args: &[&str], conf: &Path) -> String {
-    let out = Command::new(cmd).args(args).env("SLURM_CONF", conf).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Whether Slurm can run here; `Err` says what is missing.
-fn slurm_ready() -> Result<(), String> {
-    for bin in ["slurmctld", "slurmd", "munged"] {
-        if !Path::new(SBIN).join(bin).exists() {
-            return Err(format!("{SBIN}/{bin} is missing (bash hack/slurm-deps.sh installs Slurm)"));
-        }
-    }
-    let munge = Command::new("sh").args(["-c", "munge -n | unmunge >/dev/null"]).status();
-    if !munge.is_ok_and(|s| s.success()) {
-        return Err("munged is not running (bash hack/slurm-deps.sh starts it)".into());
-    }
-    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n")) {
-        return Err("not root: slurmd runs as root here and the fake GPUs need mknod".into());
-    }
-    Ok(())
-}
-
-/// One cluster at a time in this process: they would share ports and the two cores.
-static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// slurmctld and slurmd in the foreground, killed on drop.
-struct Cluster {
-    conf: PathBuf,
-    daemons: Vec<Child>,
-    dir: PathBuf,
-    /// Held until the daemons are gone (fields drop after `drop` ran).
-    _one: std::sync::MutexGuard<'static, ()>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("scancel").arg("--full").arg("-u").arg("root").env("SLURM_CONF", &self.conf).status();
-        // Let slurmd end the jobs' steps before it goes, so no job outlives the test.
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) && !self.scontrol(&["show", "jobs"]).trim().is_empty() {
-            if !self.scontrol(&["show", "jobs"]).contains("JobState=RUNNING")
-                && !self.scontrol(&["show", "jobs"]).contains("JobState=COMPLETING")
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        for d in &mut self.daemons {
-            let _ = d.kill();
-            let _ = d.wait();
-        }
-        for log in ["slurmctld.log", "slurmd.log"] {
-            if std::thread::panicking()
-                && let Ok(text) = std::fs::read_to_string(self.dir.join(log))
-            {
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                println!("--- {log} (last lines, newest first)\n{}", tail.join("\n"));
-            }
-        }
-    }
-}
-
-impl Cluster {
-    fn start(dir: &Path, host: &str, gres: &str) -> Self {
-        let one = ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let conf = dir.join("slurm.conf");
-        let port = 17000 + (std::process::id() % 2000) * 2;
-        for sub in ["ctld", "d"] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-        }
-        let d = dir.display();
-        std::fs::write(
-            &conf,
-            format!(
-                "ClusterName=migdra\nSlurmctldHost={host}(127.0.0.1)\nSlurmUser=root\nSlurmdUser=root\n\
-                 SlurmctldPort={port}\nSlurmdPort={}\nAuthType=auth/munge\nStateSaveLocation={d}/ctld\n\
-                 SlurmdSpoolDir={d}/d\nSlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
-                 SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.log\nProctrackType=proctrack/linuxproc\n\
-                 TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
-                 MpiDefault=none\nSwitchType=switch/none\nReturnToService=2\nSelectType=select/cons_tres\n\
-                 SelectTypeParameters=CR_Core\nSchedulerParameters=bf_interval=1\nGresTypes=gpu,shard\n\
-                 SlurmdParameters=config_overrides\n\
-                 NodeName={host} NodeAddr=127.0.0.1 CPUs=32 RealMemory=20000 Gres={gres} State=UNKNOWN\n\
-                 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
-                port + 1
-            ),
-        )
-        .unwrap();
-        let spawn = |bin: &str, args: &[&str]| {
-            Command::new(Path::new(SBIN).join(bin))
-                .args(args)
-                .arg("-f")
-                .arg(&conf)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        };
-        let mut cluster = Self { conf: conf.clone(), daemons: Vec::new(), dir: dir.to_path_buf(), _one: one };
-        cluster.daemons.push(spawn("slurmctld", &["-D", "-i"]));
-        std::thread::sleep(Duration::from_millis(500));
-        cluster.daemons.push(spawn("slurmd", &["-D", "-N", host]));
-        cluster.wait_for(|c| c.scontrol(&["show", "node", host]).contains("State=IDLE"), "node IDLE");
-        cluster
-    }
-
-    fn scontrol(&self, args: &[&str]) -> String {
-        Command::new("scontrol")
-            .args(args)
-            .env("SLURM_CONF", &self.conf)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    }
-
-    fn wait_for(&self, ok: impl Fn(&Self) -> bool, what: &str) {
-        let start = Instant::now();
-        while !ok(self) {
-            assert!(start.elapsed() < Duration::from_secs(60), "waited 60 s for {what}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// Submit a job holding `gres` and return its ID.
-    fn submit(&self, name: &str, gres: &str) -> String {
-        run(
-            "sbatch",
-            &["--parsable", "-J", name, "-o", "/dev/null", &format!("--gres={gres}"), "--wrap", "sleep 120"],
-            &self.conf,
-        )
-        .trim()
-        .to_string()
-    }
-
-    /// The GPU index of a running job, from `scontrol show job -d` (`GRES=gpu:t3:1(IDX:4)`).
-    fn job_index(&self, id: &str) -> u32 {
-        let text = self.scontrol(&["show", "job", "-d", id]);
-        let at = text.find("(IDX:").unwrap_or_else(|| panic!("job {id} has no IDX: {text}")) + 5;
-        let idx = &text[at..at + text[at..].find(')').unwrap()];
-        idx.parse().unwrap_or_else(|_| panic!("job {id}: IDX {idx} is not one index"))
-    }
-}
-
-/// Every device of `migdra slices -o json`'s list.
 fn devices(slices: &Value) -> Vec<Value> {
     slices["items"]
         .as_array()
@@ -197,7 +45,7 @@ fn devices(slices: &Value) -> Vec<Value> {
 
 #[test]
 fn migdra_computes_the_index_slurmd_gives_each_gpu() {
-    if let Err(why) = slurm_ready() {
+    if let Err(why) = slurm::ready() {
         assert!(std::env::var("MIGDRA_REQUIRE_SLURM").as_deref() != Ok("1"), "Slurm is required here: {why}");
         println!("SKIPPED (set MIGDRA_REQUIRE_SLURM=1 to fail instead): {why}");
         return;
@@ -222,7 +70,7 @@ fn migdra_computes_the_index_slurmd_gives_each_gpu() {
     std::fs::create_dir_all(&dev).unwrap();
     for m in &minors {
         let path = dev.join(format!("nvidia{m}"));
-        run("mknod", &[path.to_str().unwrap(), "c", "195", &m.to_string()], Path::new("/dev/null"));
+        slurm::run("mknod", &[path.to_str().unwrap(), "c", "195", &m.to_string()], Path::new("/dev/null"));
     }
     let file = |nvml: usize| format!("{}/nvidia{}", dev.display(), minors[nvml]);
 
@@ -261,7 +109,7 @@ fn migdra_computes_the_index_slurmd_gives_each_gpu() {
         gres += &format!("Name=shard Count={} File={}\n", shards(i), file(i));
     }
     std::fs::write(dir.join("gres.conf"), &gres).unwrap();
-    let cluster = Cluster::start(dir, &host, &gres_items.join(","));
+    let cluster = Slurm::start(dir, &gres_items.join(","));
 
     // One job per GPU; two of the single GPUs take shards, which carry their GPU's index too.
     let shard_jobs = [single[0], single[2]];
@@ -400,7 +248,7 @@ fn migdra_computes_the_index_slurmd_gives_each_gpu() {
 /// command (e.g. `--shards-per-gpu 4`, `--slurm-index-map FILE`, `--mig-mode-override 1=static`).
 /// Returns the cluster and the command's JSON: `gres`, `records`, and per GPU in NVML order
 /// `slurmGpuIndex` (absent when Slurm does not schedule it) and `slurmShards`.
-fn hybrid_node(dir: &Path, host: &str, extra: &[&str]) -> (Cluster, Value) {
+fn hybrid_node(dir: &Path, host: &str, extra: &[&str]) -> (Slurm, Value) {
     let dev = dir.join("dev");
     std::fs::create_dir_all(&dev).unwrap();
     let conf_path = dir.join("slurm.conf");
@@ -408,15 +256,7 @@ fn hybrid_node(dir: &Path, host: &str, extra: &[&str]) -> (Cluster, Value) {
     args.extend(["--dev-root", dev.to_str().unwrap(), "--slurm-conf", conf_path.to_str().unwrap()]);
     args.extend(extra);
     let conf: Value = serde_json::from_str(&migdra(dir, &args)).unwrap();
-    for g in conf["gpus"].as_array().unwrap().iter().filter(|g| g["slurmGpuIndex"].is_u64()) {
-        let file = g["file"].as_str().unwrap();
-        if !Path::new(file).exists() {
-            run("mknod", &[file, "c", "195", &g["minor"].to_string()], Path::new("/dev/null"));
-        }
-    }
-    let lines: Vec<&str> = conf["gresConf"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
-    std::fs::write(dir.join("gres.conf"), format!("{}\n", lines.join("\n"))).unwrap();
-    let cluster = Cluster::start(dir, host, conf["gres"].as_str().unwrap());
+    let cluster = slurm::from_slurm_conf(dir, &conf);
     (cluster, conf)
 }
 
@@ -424,7 +264,7 @@ fn hybrid_node(dir: &Path, host: &str, extra: &[&str]) -> (Cluster, Value) {
 /// in NVML order its Slurm index and shards).
 type Seen = (String, Vec<Value>, Vec<(Option<u64>, u64)>);
 
-fn slurm_view(dir: &Path, cluster: &Cluster, host: &str, extra: &[&str]) -> Seen {
+fn slurm_view(dir: &Path, cluster: &Slurm, host: &str, extra: &[&str]) -> Seen {
     let mut args = vec!["status", "-o", "json", "--slurm-conf", cluster.conf.to_str().unwrap()];
     args.extend(["--slurm-node-name", host]);
     args.extend(extra);
@@ -444,7 +284,7 @@ fn slurm_view(dir: &Path, cluster: &Cluster, host: &str, extra: &[&str]) -> Seen
 /// runs on every GPU, each on its own IDX, and nothing more fits.
 #[test]
 fn slurm_conf_makes_slurm_agree_with_migdra() {
-    if let Err(why) = slurm_ready() {
+    if let Err(why) = slurm::ready() {
         assert!(std::env::var("MIGDRA_REQUIRE_SLURM").as_deref() != Ok("1"), "Slurm is required here: {why}");
         println!("SKIPPED (set MIGDRA_REQUIRE_SLURM=1 to fail instead): {why}");
         return;

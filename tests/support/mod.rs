@@ -8,9 +8,9 @@
 //! - [`eventually`]: poll a condition until a deadline, failing with what was awaited.
 //! - [`logs`]: the tail of a child's log for a failure message.
 //! - [`rng`]: a deterministic generator for storms and churn.
-//! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`]: the
-//!   other side of each tier: a fake API server, a fake libnvidia-ml, a real control plane and
-//!   what the tests put in it, the kubelet's own code.
+//! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`],
+//!   [`slurm`]: the other side of each tier: a fake API server, a fake libnvidia-ml, a real
+//!   control plane and what the tests put in it, the kubelet's own code, a real Slurm.
 //!
 //! Test files include it with `mod support;` (`#[path = "../tests/support/mod.rs"]` from
 //! benches/ and tests/reliability/). Each binary compiles it on its own and uses only part of it,
@@ -29,6 +29,7 @@ pub mod kubelet_code;
 pub mod logs;
 pub mod node;
 pub mod rng;
+pub mod slurm;
 
 /// The driver name every test node publishes under (migdra's default).
 pub const DRIVER: &str = "mig.slinky.slurm.net";
