@@ -308,22 +308,26 @@ mod tests {
         }
     }
 
+    /// An existing instance in every placement of every profile, each listed by Slurm at `slurm_index`.
+    fn in_every_placement(m: &GpuModel, slurm_index: u32) -> Vec<ExistingInstance> {
+        m.profiles
+            .iter()
+            .flat_map(|p| p.placements.iter().map(|&start| (p.id, start)))
+            .map(|(profile_id, start)| ExistingInstance {
+                profile_id,
+                start,
+                uuid: "MIG-x".into(),
+                slurm_index: Some(slurm_index),
+            })
+            .collect()
+    }
+
     #[test]
     fn every_device_of_every_model_is_within_the_limits() {
         for m in models() {
             let gpu = identity(m);
             // Every attribute at once: an existing instance that Slurm lists in every placement.
-            let existing: Vec<ExistingInstance> = m
-                .profiles
-                .iter()
-                .flat_map(|p| p.placements.iter().map(|&start| (p.id, start)))
-                .map(|(profile_id, start)| ExistingInstance {
-                    profile_id,
-                    start,
-                    uuid: "MIG-x".into(),
-                    slurm_index: Some(1),
-                })
-                .collect();
+            let existing = in_every_placement(m, 1);
             for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &existing, NameStyle::Slurm) {
                 assert!(is_dns_label(&d.name), "{}", d.name);
                 assert!(d.attributes.len() + d.capacity.len() <= MAX_ATTRIBUTES_AND_CAPACITIES, "{}", d.name);
@@ -418,17 +422,7 @@ mod tests {
         for m in models() {
             let mut gpu = identity(m);
             gpu.minor = 255;
-            let all: Vec<ExistingInstance> = m
-                .profiles
-                .iter()
-                .flat_map(|p| p.placements.iter().map(|&start| (p.id, start)))
-                .map(|(profile_id, start)| ExistingInstance {
-                    profile_id,
-                    start,
-                    uuid: "MIG-x".into(),
-                    slurm_index: Some(crate::mig::naming::MAX_SLURM_INDEX),
-                })
-                .collect();
+            let all = in_every_placement(m, crate::mig::naming::MAX_SLURM_INDEX);
             for d in gpu_devices(m, &gpu, GpuMode::Static, false, &all, NameStyle::Slurm) {
                 assert!(d.name.starts_with("9999-gpu-255-mig-") && is_dns_label(&d.name), "{}", d.name);
             }

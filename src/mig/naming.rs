@@ -312,7 +312,7 @@ mod tests {
     #[test]
     fn plain_names_sort_after_every_prefixed_name() {
         let mut names =
-            vec!["gpu-0".to_string(), slurm(DeviceName::Gpu { minor: 5 }, 9999), "gpu-0-mig-1g10gb-19-0".into()];
+            ["gpu-0".to_string(), slurm(DeviceName::Gpu { minor: 5 }, 9999), "gpu-0-mig-1g10gb-19-0".into()];
         names.sort();
         assert_eq!(names[0], "9999-gpu-5");
     }
