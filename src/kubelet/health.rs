@@ -10,7 +10,7 @@ use super::proto::health_v1alpha1::{
     DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
 };
 use crate::mig::devices::GpuMode;
-use crate::mig::naming::{DeviceName, PublishedName};
+use crate::mig::naming::{DeviceName, NameStyle, PublishedName};
 use crate::prepare::Engine;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -58,8 +58,10 @@ pub fn snapshot(engine: &Engine) -> Snapshot {
         for (profile_id, start) in partitions {
             let Some(p) = gpu.model.profile(profile_id) else { continue };
             let instance = instances.iter().find(|i| i.profile_id == profile_id && i.start == start);
-            // Named as the slices name it: a static instance by its first compute instance's Slurm index.
-            let slurm_index = instance.filter(|_| gpu.mode == GpuMode::Static).and_then(|i| {
+            // Named as the slices name it: a static instance by its first compute instance's Slurm
+            // index (read only when names carry it).
+            let prefixed = gpu.mode == GpuMode::Static && style == NameStyle::Slurm;
+            let slurm_index = instance.filter(|_| prefixed).and_then(|i| {
                 let ci = backend.compute_instances(&gpu.info.uuid, i.id).ok()?.into_iter().next()?;
                 gpu.slurm.mig_index(i.id, ci.id)
             });
