@@ -444,7 +444,7 @@ fn sixteen_h100s() -> Vec<GpuSlices> {
             GpuSlices {
                 minor: i,
                 counter_set: Some((counters::counter_set_name(i), counters::capacity(m))),
-                devices: gpu_devices(m, &gpu, GpuMode::Dynamic, false, &[]),
+                devices: gpu_devices(m, &gpu, GpuMode::Dynamic, false, &[], migdra::mig::naming::NameStyle::Minor),
             }
         })
         .collect()

@@ -310,6 +310,31 @@ async fn calls_before_registration_are_unavailable() {
 /// The health stream: the first message lists every device the node publishes as healthy; a
 /// GPU gone bad turns all of its partitions unhealthy (they inherit the parent's health) and
 /// nothing else; a bad GPU instance turns just its own partition unhealthy.
+/// With `--device-names slurm` the health stream names every device exactly as `slices` publishes
+/// it: the whole A100 as `0002-gpu-<minor>`, the dynamic partitions by their plain names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_names_devices_as_the_slices_do_under_slurm_names() {
+    let node = sim_node();
+    let m = node.minors();
+    let daemon = node.serve().args(["--device-names", "slurm"]).ready().await;
+    let kubelet = daemon.register().await;
+    let slices = node.command(&["slices", "-o", "json", "--device-names", "slurm"]).json();
+    let published: BTreeSet<String> = slices["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    let mut want = published_devices(&m);
+    want.remove(&format!("gpu-{}", m[2]));
+    want.insert(format!("0002-gpu-{}", m[2]));
+    assert_eq!(published, want);
+    let mut stream = kubelet.watch_health().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(health_map(&first).keys().cloned().collect::<BTreeSet<_>>(), published);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_stream_follows_gpus_and_instances() {
     let node = sim_node();

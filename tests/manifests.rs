@@ -372,10 +372,11 @@ fn published(driver: &str) -> Published {
                 slurm_index: Some(1),
             })
             .collect();
+        use migdra::mig::naming::NameStyle::Minor;
         let all = [
-            devices::gpu_devices(model, &gpu, devices::GpuMode::Full, false, &[]),
-            devices::gpu_devices(model, &gpu, devices::GpuMode::Dynamic, true, &existing),
-            devices::gpu_devices(model, &gpu, devices::GpuMode::Static, false, &existing),
+            devices::gpu_devices(model, &gpu, devices::GpuMode::Full, false, &[], Minor),
+            devices::gpu_devices(model, &gpu, devices::GpuMode::Dynamic, true, &existing, Minor),
+            devices::gpu_devices(model, &gpu, devices::GpuMode::Static, false, &existing, Minor),
         ];
         for d in all.iter().flatten() {
             for (k, v) in &d.attributes {

@@ -435,6 +435,99 @@ fn orphans_follow_the_policy_on_dynamic_gpus_and_are_never_touched_on_static_one
     assert_eq!(left[0].0, 1, "the static GPU keeps its instance");
 }
 
+/// `--device-names slurm`: a whole GPU allocated as `<slurm index>-gpu-<minor>` and a
+/// static instance as `<slurm index>-gpu-<minor>-mig-…` prepare, reporting the index the name
+/// carries; a prefix that is not the actual index, or on a dynamic partition, is refused in one
+/// line before anything is written; the same GPU under its plain name is still the same device.
+#[test]
+fn slurm_prefixed_names_prepare_and_stale_prefixes_are_refused() {
+    let node = Node::new("a100-40gb:3:mig-off");
+    let mut opts = node.options();
+    opts.device_names = migdra::mig::naming::NameStyle::Slurm;
+    let engine = node.engine_with(opts);
+    // No Slurm configuration: the Slurm index is the NVML index, which is not the minor here.
+    let (minor, index) = (node.minor(0), 0);
+    assert_ne!(minor, index);
+    let name = format!("{index:04}-gpu-{minor}");
+    let out = engine.prepare(&claim("whole"), &[result(&name)]).unwrap();
+    assert_eq!(out[0].device, name);
+    assert_eq!(out[0].status.slurm_gpu_index, Some(index));
+    assert_eq!(out[0].status.parent_minor, minor);
+    assert_eq!(out[0].status.parent_uuid, node.uuid(0));
+    assert_eq!(engine.checkpoint().unwrap().claims["whole"].devices[0].device, name);
+
+    let plain_twice = engine.prepare(&claim("plain"), &[result(&format!("gpu-{minor}"))]).unwrap_err();
+    assert!(matches!(plain_twice, PrepareError::DeviceInUse { .. }), "{plain_twice}");
+    let m1 = node.minor(1);
+    let cases = [
+        (
+            "stale",
+            format!("0000-gpu-{m1}"),
+            format!("its name carries Slurm index 0, but GPU minor {m1} has Slurm index 1;"),
+        ),
+        ("width", format!("001-gpu-{m1}"), "a Slurm index prefix must be exactly 4 digits".to_string()),
+    ];
+    for (uid, device, needle) in cases {
+        let err = engine.prepare(&claim(uid), &[result(&device)]).expect_err(uid).to_string();
+        assert!(err.contains(&needle) && err.contains(&device) && !err.contains('\n'), "{uid}: {err}");
+        assert!(!engine.checkpoint().unwrap().claims.contains_key(uid), "{uid}: nothing written");
+    }
+    // The prefix is advisory for what the name means: the right one prepares the same GPU.
+    engine.prepare(&claim("right"), &[result(&format!("0001-gpu-{m1}"))]).unwrap();
+    engine.unprepare("whole").unwrap();
+    engine.unprepare("right").unwrap();
+
+    // Dynamic partitions never carry a prefix.
+    let mig = Node::new("h100-80gb:1");
+    let engine = mig.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let prefixed = format!("0000-{}", mig_name(mig.minor(0), model, 9, 4));
+    let err = engine.prepare(&claim("dyn"), &[result(&prefixed)]).unwrap_err().to_string();
+    assert!(err.contains("dynamic-MIG GPU") && err.contains(&prefixed), "{err}");
+    assert!(mig.instances().is_empty());
+}
+
+/// Static instances that Slurm lists (here `AutoDetect=nvml`) prepare under their Slurm-prefixed
+/// name and report that index; the other instance's index on the same GPU is refused.
+#[test]
+fn a_static_instance_prepares_under_its_slurm_prefixed_name() {
+    let node = Node::new("h100-80gb:1");
+    let g = node.uuid(0);
+    for start in [6, 0] {
+        let gi = node.sim.create_gpu_instance(&g, 19, start).unwrap();
+        node.sim.create_compute_instance(&g, gi.id, 0).unwrap();
+    }
+    let conf = node.dir.path().join("slurm.conf");
+    std::fs::write(&conf, format!("ClusterName=t\nNodeName={NODE} CPUs=4 Gres=gpu:2\n")).unwrap();
+    std::fs::write(node.dir.path().join("gres.conf"), "AutoDetect=nvml\n").unwrap();
+    let mut opts = node.options();
+    opts.mig_mode = GpuMode::Static;
+    opts.slurm.slurm_conf = conf;
+    opts.device_names = migdra::mig::naming::NameStyle::Slurm;
+    let engine = node.engine_with(opts);
+    let model = catalog::model("h100-80gb").unwrap();
+    let plain = |start| mig_name(node.minor(0), model, 19, start);
+    // Slurm lists the two instances in capability-minor order: the one at placement 6 first.
+    let index_of = |start: u32| {
+        let gpu = &engine.gpus()[0];
+        let gi = node.sim.gpu_instances(&g).unwrap().into_iter().find(|i| i.start == start).unwrap();
+        let ci = node.sim.compute_instances(&g, gi.id).unwrap()[0].id;
+        gpu.slurm.mig_index(gi.id, ci).unwrap()
+    };
+    let (at0, at6) = (index_of(0), index_of(6));
+    assert_eq!([at0, at6].iter().collect::<std::collections::BTreeSet<_>>().len(), 2);
+    let wrong = format!("{at6:04}-{}", plain(0));
+    let err = engine.prepare(&claim("wrong"), &[result(&wrong)]).unwrap_err().to_string();
+    assert!(err.contains(&format!("carries Slurm index {at6}, but the 1g.10gb instance at placement 0")), "{err}");
+    let name = format!("{at0:04}-{}", plain(0));
+    let out = engine.prepare(&claim("s"), &[result(&name)]).unwrap();
+    assert_eq!(out[0].device, name);
+    assert_eq!(out[0].status.slurm_mig_index, Some(at0));
+    assert_eq!(out[0].status.placement.map(|p| p.start), Some(0));
+    engine.unprepare("s").unwrap();
+    assert_eq!(node.instances().len(), 2, "static instances stay");
+}
+
 #[test]
 fn static_mig_uses_the_administrators_instance_and_never_destroys_it() {
     let node = Node::new("h100-80gb:1");

@@ -158,6 +158,54 @@ async fn prepare_writes_the_claim_status_for_the_bridge() {
     status_until(&api, "nb", <[Value]>::is_empty).await;
 }
 
+/// `--device-names slurm`: serve publishes the whole A100 as `0002-gpu-<minor>` (Slurm
+/// index 2: NVML order, no Slurm here); a claim allocated with that name prepares and its status
+/// carries the name and the index; a claim whose prefix is not the GPU's index is refused with
+/// Ready=False, so the bridge releases its reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_prefixed_names_are_published_prepared_and_reported() {
+    let api = ApiServer::start().await;
+    let node = NodeDir::new().simulate(SPEC);
+    api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let kubeconfig = api.kubeconfig(node.path());
+    let node = node.kubeconfig(kubeconfig);
+    let mut daemon = node.serve().args(["--device-names", "slurm"]).spawn();
+    let slices = published(&api, Duration::from_secs(20)).await;
+    assert_eq!(slices::validate(&slices, Layout::Split), Vec::<String>::new());
+    let minor = node.minors()[2];
+    let device = format!("0002-gpu-{minor}");
+    let names: Vec<&str> =
+        slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).map(|d| d.name.as_str()).collect();
+    assert!(names.contains(&device.as_str()), "{names:?}");
+    assert!(
+        names.iter().filter(|n| n.contains("-mig-")).all(|n| n.starts_with("gpu-")),
+        "dynamic partitions keep their names"
+    );
+
+    daemon.wait_ready().await;
+    let kubelet = daemon.register().await;
+    let uid = "22222222-0000-4000-8000-000000000001";
+    api.insert(claim_object(&Claim::new(uid).named("whole").device(NODE, &device)));
+    let stale = "22222222-0000-4000-8000-000000000002";
+    let stale_device = format!("0001-gpu-{minor}");
+    api.insert(claim_object(&Claim::new(stale).named("stale").device(NODE, &stale_device)));
+    let out = kubelet.prepare(Version::V1, &[claim(uid, "whole"), claim(stale, "stale")]).await.unwrap();
+    let devices = out[uid].as_ref().unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    assert_eq!(devices[0].device, device);
+    let status = status_until(&api, "whole", |o| !o.is_empty()).await;
+    assert_eq!(status[0]["device"], device);
+    assert_eq!(status[0]["conditions"][0]["status"], "True");
+    assert_eq!(status[0]["data"]["slurmGpuIndex"], 2);
+    assert_eq!(status[0]["data"]["parentMinor"], minor);
+    let refused = out[stale].clone().expect_err(stale);
+    assert!(refused.contains("carries Slurm index 1, but GPU minor") && refused.contains("stale"), "{refused}");
+    let status = status_until(&api, "stale", |o| !o.is_empty()).await;
+    assert_eq!(status[0]["device"], stale_device);
+    assert_eq!(status[0]["conditions"][0]["status"], "False");
+    kubelet.unprepare(Version::V1, &[claim(uid, "whole")]).await.unwrap();
+    status_until(&api, "whole", <[Value]>::is_empty).await;
+}
+
 /// Bad claims fail alone, with a precise error; a failed prepare writes Ready=False so the
 /// bridge can release its Slurm reservation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -168,3 +168,145 @@ fn device_order_packs_small_profiles_from_the_end() {
     assert_eq!(a, b, "a pure reorder");
     assert_eq!(order(&["--device-order", "packed"]), packed);
 }
+
+/// slurm-bridge's inventory (docs/facts/slurm-bridge.md §1.5, §7): the devices its profile
+/// selects, sorted by (driver, pool, name) as plain strings; a device's Slurm index is its
+/// position. Returns (name, position, the device's own `index_attribute`).
+fn bridge_inventory(items: &[ResourceSlice], device_type: &str, index_attribute: &str) -> Vec<(String, i64, i64)> {
+    let mut devices: Vec<(&str, &str, &str, i64)> = Vec::new();
+    for s in items {
+        for d in s.spec.devices.iter().flatten() {
+            let attrs = d.attributes.as_ref().unwrap();
+            if attrs["type"].string.as_deref() != Some(device_type) {
+                continue;
+            }
+            let index = attrs
+                .get(index_attribute)
+                .and_then(|a| a.int)
+                .unwrap_or_else(|| panic!("{} has no {index_attribute}", d.name));
+            devices.push((s.spec.driver.as_str(), s.spec.pool.name.as_str(), d.name.as_str(), index));
+        }
+    }
+    devices.sort();
+    devices.iter().enumerate().map(|(pos, (_, _, name, index))| (name.to_string(), pos as i64, *index)).collect()
+}
+
+/// The devices whose bridge position is not their real Slurm index.
+fn misplaced(inventory: &[(String, i64, i64)]) -> Vec<String> {
+    inventory
+        .iter()
+        .filter(|(_, pos, index)| pos != index)
+        .map(|(n, pos, index)| format!("{n}: position {pos}, index {index}"))
+        .collect()
+}
+
+/// `migdra` on a node of `spec` whose Slurm configuration lives only in `dir` (so the host's
+/// slurmd and /etc/slurm never decide anything).
+fn on_node(dir: &Path, spec: &str, args: &[&str]) -> String {
+    let state = dir.join("sim.json");
+    support::command::migdra()
+        .args(["--sim", spec, "--sim-state", state.to_str().unwrap(), "--node-name", "node-a"])
+        .args(["--state-dir", dir.join("state").to_str().unwrap(), "--slurmd", "none"])
+        .args(["--slurm-conf", dir.join("slurm.conf").to_str().unwrap()])
+        .args(args)
+        .ok()
+}
+
+fn slice_list(text: &str) -> Vec<ResourceSlice> {
+    serde_json::from_str::<List>(text).unwrap().items
+}
+
+/// Twelve whole GPUs whose minors differ from NVML order, and an administrator's map
+/// that gives them yet another Slurm order. With `--device-names slurm` the bridge's plain sort
+/// gives every GPU its real `slurmGpuIndex`; with the default names it does not (`gpu-10` sorts
+/// before `gpu-2`, and minors are not Slurm's order).
+#[test]
+fn slurm_device_names_sort_twelve_whole_gpus_in_slurm_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = "a100-40gb:12:mig-off";
+    let layout: serde_json::Value =
+        serde_json::from_str(&on_node(dir.path(), spec, &["layout", "-o", "json"])).unwrap();
+    let gpus = layout["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 12);
+    assert!(gpus.iter().any(|g| g["minor"] != g["index"]), "minors differ from NVML indexes");
+    // Slurm index = 5 × NVML index mod 12: a permutation that follows neither order.
+    let map: String = gpus
+        .iter()
+        .map(|g| format!("{}: {}\n", g["uuid"].as_str().unwrap(), g["index"].as_u64().unwrap() * 5 % 12))
+        .collect();
+    let map_file = dir.path().join("index-map.yaml");
+    std::fs::write(&map_file, map).unwrap();
+    let map_flag = ["--slurm-index-map", map_file.to_str().unwrap()];
+
+    let run = |names: &str| {
+        let mut args = vec!["slices", "-o", "json", "--device-names", names];
+        args.extend_from_slice(&map_flag);
+        slice_list(&on_node(dir.path(), spec, &args))
+    };
+    let slurm = run("slurm");
+    assert_eq!(slices::validate(&slurm, Layout::Split), Vec::<String>::new());
+    let inventory = bridge_inventory(&slurm, "gpu", "slurmGpuIndex");
+    assert_eq!(inventory.len(), 12);
+    assert_eq!(misplaced(&inventory), Vec::<String>::new(), "{inventory:?}");
+    assert_eq!(
+        inventory[10].0,
+        format!("0010-gpu-{}", gpus.iter().find(|g| g["index"].as_u64().unwrap() * 5 % 12 == 10).unwrap()["minor"])
+    );
+
+    let minor = run("minor");
+    assert_eq!(
+        minor,
+        slice_list(&on_node(dir.path(), spec, &["slices", "-o", "json", map_flag[0], map_flag[1]])),
+        "minor is the default"
+    );
+    let plain = bridge_inventory(&minor, "gpu", "slurmGpuIndex");
+    assert!(plain.iter().all(|(n, _, _)| n.starts_with("gpu-")), "{plain:?}");
+    assert!(misplaced(&plain).len() > 6, "the default names misplace most GPUs: {plain:?}");
+
+    // Without any Slurm configuration the index is NVML's, and the names follow it too.
+    let nvml = slice_list(&on_node(dir.path(), spec, &["slices", "-o", "json", "--device-names", "slurm"]));
+    assert_eq!(misplaced(&bridge_inventory(&nvml, "gpu", "slurmGpuIndex")), Vec::<String>::new());
+}
+
+/// Static MIG: twelve MIG GPUs with two administrator-made instances each, listed by
+/// Slurm as GPUs of their own (`AutoDetect=nvml`: by parent minor, then capability minors). With
+/// `--device-names slurm` the bridge's plain sort of the MIG devices gives each its real
+/// `slurmMigIndex`; with the default names it does not.
+#[test]
+fn slurm_device_names_sort_static_mig_instances_in_slurm_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = "h100-80gb:12";
+    for gpu in 0..12 {
+        // Created last-placement first, so GI IDs and capability minors run against placement.
+        for placement in ["6", "0"] {
+            let gpu = gpu.to_string();
+            on_node(
+                dir.path(),
+                spec,
+                &["sim", "create", "--gpu", &gpu, "--profile", "1g.10gb", "--placement", placement],
+            );
+        }
+    }
+    std::fs::write(dir.path().join("slurm.conf"), "ClusterName=t\nNodeName=node-a CPUs=4 Gres=gpu:24\n").unwrap();
+    std::fs::write(dir.path().join("gres.conf"), "AutoDetect=nvml\n").unwrap();
+    let run = |names: &str| {
+        slice_list(&on_node(
+            dir.path(),
+            spec,
+            &["slices", "-o", "json", "--mig-mode", "static", "--device-names", names],
+        ))
+    };
+
+    let slurm = run("slurm");
+    assert_eq!(slices::validate(&slurm, Layout::Split), Vec::<String>::new());
+    let inventory = bridge_inventory(&slurm, "mig", "slurmMigIndex");
+    assert_eq!(inventory.len(), 24);
+    assert_eq!(misplaced(&inventory), Vec::<String>::new(), "{inventory:?}");
+    assert!(
+        inventory.iter().all(|(n, _, _)| n.len() > 5 && n[..4].bytes().all(|b| b.is_ascii_digit())),
+        "{inventory:?}"
+    );
+
+    let plain = bridge_inventory(&run("minor"), "mig", "slurmMigIndex");
+    assert!(!misplaced(&plain).is_empty(), "the default names misplace instances: {plain:?}");
+}

@@ -97,6 +97,7 @@ pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliEr
         Options::new(&global.node.driver_name, &node_name(global), state_dir(global), global.node.cdi_dir.clone());
     opts.mig_mode = mode(global.node.mig_mode);
     opts.orphans = global.node.orphans;
+    opts.device_names = global.node.device_names.into();
     opts.slurm = global.slurm.settings(&node_name(global))?;
     for o in &global.node.mig_mode_override {
         let (gpu, m) = o.split_once('=').ok_or_else(|| {

@@ -344,7 +344,8 @@ impl Demo<'_> {
                 slurm_index_source: Source::Nvml.as_str().into(),
                 shards_per_gpu: model.memory_slices,
             };
-            let devices: Vec<Device> = gpu_devices(&model, &identity, mode, false, &[]);
+            let devices: Vec<Device> =
+                gpu_devices(&model, &identity, mode, false, &[], crate::mig::naming::NameStyle::Minor);
             let taken: Vec<&Device> = devices.iter().filter(|d| allocated.contains(&&d.name)).collect();
             if mode == GpuMode::Full {
                 if what == "gpu" && taken.is_empty() {

@@ -100,6 +100,12 @@ pub struct NodeFlags {
     /// the GPU, larger ones from its start) or ascending (every placement in ascending order)
     #[arg(long, global = true, env = "MIGDRA_DEVICE_ORDER", value_enum, default_value_t)]
     pub device_order: DeviceOrderFlag,
+    /// Device names: minor (gpu-<minor>…, as always) or slurm (whole GPUs and static MIG
+    /// instances Slurm lists get their zero-padded Slurm index in front, e.g. 0003-gpu-1, so
+    /// their plain string order is Slurm's order, as slurm-bridge's inventory reads it). Prepare
+    /// accepts both forms whatever this says
+    #[arg(long, global = true, env = "MIGDRA_DEVICE_NAMES", value_enum, default_value_t)]
+    pub device_names: DeviceNamesFlag,
     /// kubeconfig for the API server [default: in-cluster, then ~/.kube/config]
     #[arg(long, global = true, env = "KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
@@ -132,6 +138,25 @@ impl From<DeviceOrderFlag> for crate::packing::DeviceOrder {
         match f {
             DeviceOrderFlag::Packed => Self::Packed,
             DeviceOrderFlag::Ascending => Self::Ascending,
+        }
+    }
+}
+
+/// `--device-names` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceNamesFlag {
+    /// gpu-<minor> and gpu-<minor>-mig-<profile>-<profileId>-<start>
+    #[default]
+    Minor,
+    /// The Slurm index, 4 digits, in front of whole-GPU and static-MIG names: 0003-gpu-1
+    Slurm,
+}
+
+impl From<DeviceNamesFlag> for crate::mig::naming::NameStyle {
+    fn from(f: DeviceNamesFlag) -> Self {
+        match f {
+            DeviceNamesFlag::Minor => Self::Minor,
+            DeviceNamesFlag::Slurm => Self::Slurm,
         }
     }
 }

@@ -4,10 +4,20 @@
 //! the checkpoint only, so it is safe next to a running daemon.
 
 use super::{CliError, CliResult, Format, Global, backend, layout, output};
+use crate::mig::devices::GpuMode;
+use crate::mig::naming::{DeviceName, NameStyle, PublishedName};
 use crate::slurm::{Note, Source};
 use crate::state::Checkpoint;
 use serde::Serialize;
 use std::io::Write;
+
+/// An instance's device name as the slices publish it: a static instance's may carry its Slurm index.
+fn published(device: &str, mode: GpuMode, slurm_mig_index: Option<u32>, style: NameStyle) -> String {
+    match DeviceName::parse(device) {
+        Ok(d) if mode == GpuMode::Static => PublishedName::new(style, d, slurm_mig_index).to_string(),
+        _ => device.to_string(),
+    }
+}
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -81,10 +91,11 @@ pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
             .into_iter()
             .map(|i| {
                 let ci = i.compute_instances.into_iter().next();
+                let slurm_mig_index = ci.as_ref().and_then(|c| g.slurm.mig_index(i.gpu_instance_id, c.id));
                 InstanceView {
-                    slurm_mig_index: ci.as_ref().and_then(|c| g.slurm.mig_index(i.gpu_instance_id, c.id)),
+                    slurm_mig_index,
                     claim: holder(&checkpoint, &g.info.uuid, Some(i.gpu_instance_id)).into_iter().next(),
-                    device: i.device,
+                    device: published(&i.device, g.mode, slurm_mig_index, engine.options().device_names),
                     profile: i.profile,
                     placement_start: i.placement.start,
                     gpu_instance_id: i.gpu_instance_id,

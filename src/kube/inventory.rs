@@ -6,6 +6,7 @@ use super::slices::GpuSlices;
 use crate::gpu::{GpuBackend, GpuError};
 use crate::mig::counters;
 use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, gpu_devices};
+use crate::mig::naming::NameStyle;
 use crate::packing::policy::{self, DeviceOrder};
 use crate::prepare::{Engine, GpuEntry};
 
@@ -50,12 +51,18 @@ pub fn existing_instances(backend: &dyn GpuBackend, gpu: &GpuEntry) -> Result<Ve
 
 /// One GPU's slice input: dynamic MIG GPUs carry their counter set and devices that consume it,
 /// in the device `order` (the scheduler takes the first that fits, so the order picks the
-/// placement); static MIG and MIG-off GPUs have devices only.
-pub fn gpu_slices(gpu: &GpuEntry, existing: &[ExistingInstance], whole_gpu: bool, order: DeviceOrder) -> GpuSlices {
+/// placement); static MIG and MIG-off GPUs have devices only. `names`: see [`gpu_devices`].
+pub fn gpu_slices(
+    gpu: &GpuEntry,
+    existing: &[ExistingInstance],
+    whole_gpu: bool,
+    order: DeviceOrder,
+    names: NameStyle,
+) -> GpuSlices {
     let minor = gpu.info.minor;
     let counter_set =
         (gpu.mode == GpuMode::Dynamic).then(|| (counters::counter_set_name(minor), counters::capacity(&gpu.model)));
-    let mut devices = gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing);
+    let mut devices = gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing, names);
     if gpu.mode == GpuMode::Dynamic {
         policy::order_devices(&gpu.model, &mut devices, order.policy());
     }
@@ -72,7 +79,7 @@ pub fn node_gpus(engine: &Engine, whole_gpu: bool) -> Result<Vec<GpuSlices>, Gpu
     node_gpus_ordered(engine, whole_gpu, DeviceOrder::default())
 }
 
-/// [`node_gpus`] with each GPU's devices in `order`.
+/// [`node_gpus`] with each GPU's devices in `order`, named as the engine's options say.
 ///
 /// # Errors
 /// NVML fails to list a GPU's instances.
@@ -91,7 +98,7 @@ pub fn node_gpus_ordered(engine: &Engine, whole_gpu: bool, order: DeviceOrder) -
                 }
                 Err(e) => return Err(e),
             };
-            Ok(gpu_slices(g, &existing, whole_gpu, order))
+            Ok(gpu_slices(g, &existing, whole_gpu, order, engine.options().device_names))
         })
         .collect()
 }

@@ -10,7 +10,7 @@ use super::proto::health_v1alpha1::{
     DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
 };
 use crate::mig::devices::GpuMode;
-use crate::mig::naming::DeviceName;
+use crate::mig::naming::{DeviceName, NameStyle, PublishedName};
 use crate::prepare::Engine;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -37,6 +37,7 @@ pub fn snapshot(engine: &Engine) -> Snapshot {
     let backend = engine.backend();
     let healthy_gpus: Vec<(String, bool)> =
         backend.gpus().unwrap_or_default().into_iter().map(|g| (g.uuid, g.healthy)).collect();
+    let style = engine.options().device_names;
     let mut out = Vec::new();
     for gpu in engine.gpus() {
         let minor = gpu.info.minor;
@@ -45,7 +46,8 @@ pub fn snapshot(engine: &Engine) -> Snapshot {
             |gi: Option<u32>| backend.unhealthy_reason(&gpu.info.uuid, gi).map_or(String::new(), |r| format!(": {r}"));
         let why = if gpu_ok { String::new() } else { format!("GPU {} is unhealthy{}", gpu.info.uuid, because(None)) };
         if gpu.mode == GpuMode::Full {
-            out.push((DeviceName::Gpu { minor }.to_string(), gpu_ok, why));
+            let name = PublishedName::new(style, DeviceName::Gpu { minor }, gpu.slurm.index);
+            out.push((name.to_string(), gpu_ok, why));
             continue;
         }
         let instances = backend.gpu_instances(&gpu.info.uuid).unwrap_or_default();
@@ -55,8 +57,17 @@ pub fn snapshot(engine: &Engine) -> Snapshot {
         };
         for (profile_id, start) in partitions {
             let Some(p) = gpu.model.profile(profile_id) else { continue };
-            let name = DeviceName::mig(minor, &p.name, profile_id, start).to_string();
-            let sick = instances.iter().find(|i| i.profile_id == profile_id && i.start == start && !i.healthy);
+            let instance = instances.iter().find(|i| i.profile_id == profile_id && i.start == start);
+            // Named as the slices name it: a static instance by its first compute instance's Slurm
+            // index (read only when names carry it).
+            let prefixed = gpu.mode == GpuMode::Static && style == NameStyle::Slurm;
+            let slurm_index = instance.filter(|_| prefixed).and_then(|i| {
+                let ci = backend.compute_instances(&gpu.info.uuid, i.id).ok()?.into_iter().next()?;
+                gpu.slurm.mig_index(i.id, ci.id)
+            });
+            let name =
+                PublishedName::new(style, DeviceName::mig(minor, &p.name, profile_id, start), slurm_index).to_string();
+            let sick = instance.filter(|i| !i.healthy);
             match sick {
                 Some(i) if gpu_ok => {
                     out.push((name, false, format!("GPU instance {} is unhealthy{}", i.id, because(Some(i.id)))))

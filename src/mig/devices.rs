@@ -3,7 +3,7 @@
 
 use super::catalog::{GiProfile, GpuModel};
 use super::counters::{self, Counters};
-use super::naming::DeviceName;
+use super::naming::{DeviceName, NameStyle, PublishedName};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -234,12 +234,17 @@ pub fn mig_device(
 ///   be used whole (`whole_gpu`: the operator allows MIG mode changes on Hopper and newer).
 ///   Partitions that exist already carry their UUID.
 /// - `Static`: exactly the existing instances.
+///
+/// `names`: with [`NameStyle::Slurm`], the whole GPU and static instances carry their Slurm index
+/// in front of their names; dynamic partitions never do, so a partition keeps its name when its
+/// instance comes and goes.
 pub fn gpu_devices(
     model: &GpuModel,
     gpu: &GpuIdentity,
     mode: GpuMode,
     whole_gpu: bool,
     existing: &[ExistingInstance],
+    names: NameStyle,
 ) -> Vec<Device> {
     let at = |p: &GiProfile, s: u32| existing.iter().find(|e| e.profile_id == p.id && e.start == s);
     let uuid_at = |p: &GiProfile, s: u32| at(p, s).map(|e| e.uuid.as_str());
@@ -249,12 +254,17 @@ pub fn gpu_devices(
         }
         d
     };
+    let whole = |counters: bool| {
+        let mut d = full_gpu_device(model, gpu, mode, counters);
+        d.name = PublishedName::new(names, DeviceName::Gpu { minor: gpu.minor }, gpu.slurm_index).to_string();
+        d
+    };
     match mode {
-        GpuMode::Full => vec![full_gpu_device(model, gpu, mode, false)],
+        GpuMode::Full => vec![whole(false)],
         GpuMode::Dynamic => {
             let mut out = Vec::new();
             if whole_gpu && model.supports_mig_mode_toggle() {
-                out.push(full_gpu_device(model, gpu, mode, true));
+                out.push(whole(true));
             }
             for p in &model.profiles {
                 for &s in &p.placements {
@@ -267,7 +277,10 @@ pub fn gpu_devices(
             .iter()
             .filter_map(|e| {
                 let p = model.profile(e.profile_id)?;
-                Some(with_mig_index(mig_device(model, gpu, mode, p, e.start, Some(&e.uuid), false), Some(e)))
+                let mut d = with_mig_index(mig_device(model, gpu, mode, p, e.start, Some(&e.uuid), false), Some(e));
+                let partition = DeviceName::mig(gpu.minor, &p.name, p.id, e.start);
+                d.name = PublishedName::new(names, partition, e.slurm_index).to_string();
+                Some(d)
             })
             .collect(),
     }
@@ -295,23 +308,27 @@ mod tests {
         }
     }
 
+    /// An existing instance in every placement of every profile, each listed by Slurm at `slurm_index`.
+    fn in_every_placement(m: &GpuModel, slurm_index: u32) -> Vec<ExistingInstance> {
+        m.profiles
+            .iter()
+            .flat_map(|p| p.placements.iter().map(|&start| (p.id, start)))
+            .map(|(profile_id, start)| ExistingInstance {
+                profile_id,
+                start,
+                uuid: "MIG-x".into(),
+                slurm_index: Some(slurm_index),
+            })
+            .collect()
+    }
+
     #[test]
     fn every_device_of_every_model_is_within_the_limits() {
         for m in models() {
             let gpu = identity(m);
             // Every attribute at once: an existing instance that Slurm lists in every placement.
-            let existing: Vec<ExistingInstance> = m
-                .profiles
-                .iter()
-                .flat_map(|p| p.placements.iter().map(|&start| (p.id, start)))
-                .map(|(profile_id, start)| ExistingInstance {
-                    profile_id,
-                    start,
-                    uuid: "MIG-x".into(),
-                    slurm_index: Some(1),
-                })
-                .collect();
-            for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &existing) {
+            let existing = in_every_placement(m, 1);
+            for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &existing, NameStyle::Slurm) {
                 assert!(is_dns_label(&d.name), "{}", d.name);
                 assert!(d.attributes.len() + d.capacity.len() <= MAX_ATTRIBUTES_AND_CAPACITIES, "{}", d.name);
                 let (set, used) = d.consumes.as_ref().expect("dynamic devices consume counters");
@@ -332,7 +349,7 @@ mod tests {
     fn h100_dynamic_devices_carry_the_contract_attributes() {
         let m = model("h100-80gb").unwrap();
         let gpu = identity(m);
-        let devices = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[]);
+        let devices = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Minor);
         assert_eq!(devices.len(), 1 + 7 + 7 + 4 + 3 + 2 + 1 + 1);
         let d = devices.iter().find(|d| d.name == "gpu-3-mig-3g40gb-9-4").unwrap();
         let a = |k: &str| d.attributes[k].clone();
@@ -354,8 +371,10 @@ mod tests {
     fn whole_gpu_is_offered_on_mig_gpus_only_where_the_mode_may_change() {
         let a100 = model("a100-40gb").unwrap();
         let gpu = identity(a100);
-        assert!(gpu_devices(a100, &gpu, GpuMode::Dynamic, true, &[]).iter().all(|d| d.name != "gpu-3"));
-        let full = gpu_devices(a100, &gpu, GpuMode::Full, false, &[]);
+        assert!(
+            gpu_devices(a100, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Minor).iter().all(|d| d.name != "gpu-3")
+        );
+        let full = gpu_devices(a100, &gpu, GpuMode::Full, false, &[], NameStyle::Minor);
         assert_eq!(full.len(), 1);
         assert!(full[0].consumes.is_none());
     }
@@ -369,7 +388,7 @@ mod tests {
         ];
         let mut gpu = identity(m);
         gpu.slurm_index = None;
-        let devices = gpu_devices(m, &gpu, GpuMode::Static, true, &existing);
+        let devices = gpu_devices(m, &gpu, GpuMode::Static, true, &existing, NameStyle::Minor);
         assert_eq!(devices.len(), 2);
         assert_eq!(devices[0].name, "gpu-3-mig-1g10gb-19-6");
         let a = &devices[0].attributes;
@@ -379,6 +398,35 @@ mod tests {
         assert_eq!(a["slurmGpuIndexSource"], AttributeValue::String("gres.conf".into()));
         assert!(!a.contains_key("slurmGpuIndex"), "Slurm lists only the instances, not their GPU");
         assert!(!devices[1].attributes.contains_key("slurmMigIndex"));
+    }
+
+    #[test]
+    fn slurm_names_prefix_whole_gpus_and_static_instances_only() {
+        let m = model("h100-80gb").unwrap();
+        let gpu = identity(m);
+        let existing = [
+            ExistingInstance { profile_id: 19, start: 6, uuid: "MIG-a".into(), slurm_index: Some(9) },
+            ExistingInstance { profile_id: 19, start: 5, uuid: "MIG-b".into(), slurm_index: None },
+        ];
+        let names = |mode, style| -> Vec<String> {
+            gpu_devices(m, &gpu, mode, true, &existing, style).into_iter().map(|d| d.name).collect()
+        };
+        assert_eq!(names(GpuMode::Full, NameStyle::Slurm), ["0005-gpu-3"]);
+        assert_eq!(names(GpuMode::Full, NameStyle::Minor), ["gpu-3"]);
+        assert_eq!(names(GpuMode::Static, NameStyle::Slurm), ["0009-gpu-3-mig-1g10gb-19-6", "gpu-3-mig-1g10gb-19-5"]);
+        let dynamic = names(GpuMode::Dynamic, NameStyle::Slurm);
+        assert_eq!(dynamic[0], "0005-gpu-3", "the whole GPU of a dynamic GPU is a whole GPU");
+        assert!(dynamic[1..].iter().all(|n| n.starts_with("gpu-3-mig-")), "partitions keep their names: {dynamic:?}");
+        assert_eq!(dynamic[1..], names(GpuMode::Dynamic, NameStyle::Minor)[1..]);
+        // Every static instance of every model, at the widest index and a large minor: DNS labels.
+        for m in models() {
+            let mut gpu = identity(m);
+            gpu.minor = 255;
+            let all = in_every_placement(m, crate::mig::naming::MAX_SLURM_INDEX);
+            for d in gpu_devices(m, &gpu, GpuMode::Static, false, &all, NameStyle::Slurm) {
+                assert!(d.name.starts_with("9999-gpu-255-mig-") && is_dns_label(&d.name), "{}", d.name);
+            }
+        }
     }
 
     #[test]

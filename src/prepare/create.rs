@@ -7,6 +7,7 @@ use super::{Engine, PrepareError, PreparedDevice, Step, describe, describe_recor
 use crate::cdi;
 use crate::claims::{AllocationResult, ClaimRef};
 use crate::gpu::{GpuError, GpuInstance};
+use crate::mig::naming;
 use crate::slurm::{self, GpuSlurm};
 use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord, StateError};
 
@@ -39,6 +40,8 @@ impl Engine {
                 return Ok(self.prepared(rec));
             }
         }
+        // Only before a new prepare: a running claim is not failed because Slurm's order changed.
+        self.check_slurm_prefixes(claim, &who, &planned)?;
         let record =
             self.store.update(&self.boot_id, |cp| self.start(cp, claim, &who, &planned, &names)).map_err(ckpt)??;
         self.step(Step::PrepareStarted);
@@ -60,6 +63,45 @@ impl Engine {
         }
     }
 
+    /// Refuse a device whose name carries a Slurm index (`--device-names slurm`) other than the
+    /// actual one of its GPU (whole GPU) or static instance. Reads NVML for static instances only;
+    /// a missing instance is left for [`Self::ensure_mig`] to report.
+    fn check_slurm_prefixes(
+        &self,
+        claim: &ClaimRef,
+        who: &str,
+        planned: &[PlannedDevice<'_>],
+    ) -> Result<(), PrepareError> {
+        for p in planned.iter().filter(|p| p.slurm_prefix.is_some()) {
+            let gpu = p.gpu;
+            let (actual, what) = match &p.mig {
+                None => (gpu.slurm.index, format!("GPU minor {}", gpu.info.minor)),
+                Some(m) => {
+                    let uuid = gpu.info.uuid.as_str();
+                    let gis = self.nvml(who, &p.device, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+                    let Some(gi) = gis.iter().find(|g| g.profile_id == m.profile.id && g.start == m.start) else {
+                        continue;
+                    };
+                    let ci = self
+                        .nvml(who, &p.device, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?
+                        .into_iter()
+                        .next();
+                    let actual = ci.and_then(|ci| gpu.slurm.mig_index(gi.id, ci.id));
+                    (
+                        actual,
+                        format!(
+                            "the {} instance at placement {} on GPU minor {}",
+                            m.profile.name, m.start, gpu.info.minor
+                        ),
+                    )
+                }
+            };
+            plan::check_prefix(p.slurm_prefix, actual, &what)
+                .map_err(|reason| PrepareError::bad(claim, &p.device, reason))?;
+        }
+        Ok(())
+    }
+
     /// Inside the checkpoint lock: refuse devices held by other claims, then record the intent.
     pub(super) fn start(
         &self,
@@ -70,7 +112,12 @@ impl Engine {
         names: &[&str],
     ) -> Result<ClaimRecord, PrepareError> {
         for (uid, other) in cp.claims.iter().filter(|(uid, _)| **uid != claim.uid) {
-            if let Some(d) = other.devices.iter().find(|d| names.contains(&d.device.as_str())) {
+            // By partition, not by name: the same GPU may be allocated as `gpu-1` and `0003-gpu-1`
+            // when --device-names changed between two allocations.
+            let same = |d: &DeviceRecord| {
+                planned.iter().any(|p| p.gpu.info.uuid == d.gpu_uuid && naming::same_partition(&p.device, &d.device))
+            };
+            if let Some(d) = other.devices.iter().find(|d| same(d)) {
                 return Err(PrepareError::DeviceInUse {
                     claim: who.to_string(),
                     device: d.device.clone(),

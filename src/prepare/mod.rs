@@ -35,6 +35,7 @@ use crate::claims::ClaimRef;
 use crate::gpu::{GpuBackend, GpuError, GpuInfo};
 use crate::mig::catalog::GpuModel;
 use crate::mig::devices::GpuMode;
+use crate::mig::naming::NameStyle;
 use crate::slurm::{self, GpuSlurm, NodeGpu, NodeMig, Resolution};
 use crate::state::{Checkpoint, CheckpointStore, StateError};
 use error::{describe, describe_record};
@@ -69,6 +70,8 @@ pub struct Options {
     pub lock_timeout: Duration,
     /// Where each GPU's Slurm index and shards come from.
     pub slurm: slurm::Settings,
+    /// How published device names are formed; names of both styles are accepted on prepare.
+    pub device_names: NameStyle,
 }
 
 impl Options {
@@ -84,6 +87,7 @@ impl Options {
             cdi_dir,
             lock_timeout: Duration::from_secs(10),
             slurm: slurm::Settings::none(pool),
+            device_names: NameStyle::Minor,
         }
     }
 }

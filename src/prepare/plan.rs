@@ -7,7 +7,7 @@ use super::{GpuEntry, PrepareError};
 use crate::claims::{AllocationResult, ClaimRef};
 use crate::mig::catalog::GiProfile;
 use crate::mig::devices::GpuMode;
-use crate::mig::naming::{DeviceName, profile_slug};
+use crate::mig::naming::{DeviceName, PublishedName, profile_slug};
 use crate::mig::rules::{self, Placed};
 use crate::state::MigOwner;
 
@@ -17,6 +17,9 @@ pub struct PlannedDevice<'a> {
     /// Every request of the claim that got this device.
     pub requests: Vec<String>,
     pub device: String,
+    /// The Slurm index the name carries in front (`--device-names slurm`); checked against the
+    /// GPU's or instance's actual index before a new prepare ([`check_prefix`]).
+    pub slurm_prefix: Option<u32>,
     pub gpu: &'a GpuEntry,
     /// `None` for a whole GPU.
     pub mig: Option<PlannedMig>,
@@ -75,7 +78,8 @@ fn resolve<'a>(
     gpus: &'a [GpuEntry],
 ) -> Result<PlannedDevice<'a>, PrepareError> {
     let bad = |reason: String| PrepareError::bad(claim, &r.device, reason);
-    let name = DeviceName::parse(&r.device).map_err(|e| bad(e.reason.to_string()))?;
+    let published = PublishedName::parse(&r.device).map_err(|e| bad(e.reason.to_string()))?;
+    let name = published.device;
     let gpu = gpus.iter().find(|g| g.info.minor == name.minor()).ok_or_else(|| {
         let minors: Vec<String> = gpus.iter().map(|g| g.info.minor.to_string()).collect();
         bad(format!("no GPU with minor {} on this node (minors: {})", name.minor(), minors.join(", ")))
@@ -93,6 +97,12 @@ fn resolve<'a>(
         DeviceName::Mig { profile_slug: slug, profile_id, start, .. } => {
             let owner = match gpu.mode {
                 GpuMode::Full => return Err(bad(format!("GPU {} has MIG disabled", gpu.info.minor))),
+                GpuMode::Dynamic if published.slurm_index.is_some() => {
+                    return Err(bad(format!(
+                        "GPU {} is a dynamic-MIG GPU, whose partitions are never published with a Slurm index in front; the ResourceSlice it was allocated from is stale",
+                        gpu.info.minor
+                    )));
+                }
                 GpuMode::Dynamic => MigOwner::Dynamic,
                 GpuMode::Static => MigOwner::Static,
             };
@@ -105,5 +115,47 @@ fn resolve<'a>(
             Some(PlannedMig { owner, profile, start: *start })
         }
     };
-    Ok(PlannedDevice { requests: vec![r.request.clone()], device: r.device.clone(), gpu, mig })
+    Ok(PlannedDevice {
+        requests: vec![r.request.clone()],
+        device: r.device.clone(),
+        slurm_prefix: published.slurm_index,
+        gpu,
+        mig,
+    })
+}
+
+/// Whether a name's Slurm index prefix matches the `actual` index of what it names (`what`, e.g.
+/// `GPU minor 1`). A mismatch means the slice the device was allocated from predates a change of
+/// Slurm's order, so slurm-bridge accounted the allocation to another GPU: refused, not guessed.
+///
+/// # Errors
+/// The reason, in one line.
+pub fn check_prefix(prefix: Option<u32>, actual: Option<u32>, what: &str) -> Result<(), String> {
+    let Some(prefix) = prefix else { return Ok(()) };
+    match actual {
+        Some(actual) if actual == prefix => Ok(()),
+        Some(actual) => Err(format!(
+            "its name carries Slurm index {prefix}, but {what} has Slurm index {actual}; the ResourceSlice it was allocated from is stale, so slurm-bridge may have accounted it to another device: delete and recreate the claim"
+        )),
+        None => Err(format!(
+            "its name carries Slurm index {prefix}, but Slurm lists no index for {what}; the ResourceSlice it was allocated from is stale: delete and recreate the claim"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_prefix;
+
+    #[test]
+    fn prefixes_must_match_the_actual_index() {
+        assert_eq!(check_prefix(None, Some(3), "GPU minor 1"), Ok(()));
+        assert_eq!(check_prefix(None, None, "GPU minor 1"), Ok(()));
+        assert_eq!(check_prefix(Some(3), Some(3), "GPU minor 1"), Ok(()));
+        let wrong = check_prefix(Some(3), Some(5), "GPU minor 1").unwrap_err();
+        assert!(wrong.starts_with("its name carries Slurm index 3, but GPU minor 1 has Slurm index 5;"), "{wrong}");
+        let none = check_prefix(Some(3), None, "GPU minor 1").unwrap_err();
+        assert!(none.contains("Slurm lists no index for GPU minor 1"), "{none}");
+        assert!(!wrong.contains('\n') && !none.contains('\n'));
+    }
 }

@@ -427,7 +427,11 @@ mod tests {
         };
         let counter_set =
             (mode == GpuMode::Dynamic).then(|| (counters::counter_set_name(minor), counters::capacity(m)));
-        GpuSlices { minor, counter_set, devices: gpu_devices(m, &id, mode, true, &[]) }
+        GpuSlices {
+            minor,
+            counter_set,
+            devices: gpu_devices(m, &id, mode, true, &[], crate::mig::naming::NameStyle::Minor),
+        }
     }
 
     pub(super) fn node(spec: &[(&str, u32, GpuMode)]) -> Vec<GpuSlices> {
