@@ -635,7 +635,7 @@ fn shards_vs_placements(
                     pct(r.acceptance()),
                     pct(r.mismatch()),
                     pct(r.avoidable_rate()),
-                    pct(ratio(r.unpublished, r.requests)),
+                    pct(r.unpublished_rate()),
                     pct(r.no_shards_rate()),
                     random.map_or("-".into(), pct),
                     by_name.map_or("-".into(), pct),
@@ -645,15 +645,14 @@ fn shards_vs_placements(
                     rarest = Some((policy, r.mismatch()));
                 }
                 if policy == Policy::Packed {
-                    packed_profiles = Some(r.per_profile.clone());
+                    packed_profiles =
+                        Some(r.mismatch_by_profile().map(|(p, m)| format!("{p} {}", pct(m))).collect::<Vec<_>>());
                 }
             }
             if let Some((p, m)) = rarest {
                 println!("     rarest mismatch: ({}) {} at {}", p.letter(), p.name(), pct(m));
             }
-            if let Some(per) = packed_profiles {
-                let by: Vec<String> =
-                    per.iter().map(|(name, (n, m))| format!("{name} {}", pct(ratio(*m, *n)))).collect();
+            if let Some(by) = packed_profiles {
                 println!("     mismatch per profile under (b) packed: {}", by.join(", "));
             }
         }
@@ -661,8 +660,4 @@ fn shards_vs_placements(
     println!(
         "  mismatch: Slurm's GPU had the shards, the pinned claim no device (% of shard requests); avoidable: another GPU had shards and a placement; unpubl.: a placement fit but the order hid it; no shard: Slurm found no GPU; cost: accept minus unpinned 1.34/1.35 (slurm-bridge's Kubernetes)"
     );
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }

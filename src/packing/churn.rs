@@ -110,7 +110,8 @@ impl Stats {
     }
 }
 
-fn ratio(a: u64, b: u64) -> f64 {
+/// `a / b`, and 0 for no requests.
+pub(crate) fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 

@@ -12,7 +12,7 @@
 //! GPU positions here are Slurm indexes: migdra orders a node's GPUs in Slurm's order.
 
 use super::allocator::{self, Dev, Node, Rng, SliceOrder};
-use super::churn::{self, Workload};
+use super::churn::{self, Workload, ratio};
 use super::policy::{self, Policy};
 use crate::mig::catalog::{GiProfile, GpuModel};
 use crate::mig::devices::shards_for;
@@ -171,6 +171,16 @@ impl PinnedStats {
         ratio(self.no_shards, self.requests)
     }
 
+    /// Share of requests whose placement fit on Slurm's GPU but was not published.
+    pub fn unpublished_rate(&self) -> f64 {
+        ratio(self.unpublished, self.requests)
+    }
+
+    /// Per profile, the share of its requests that hit a mismatch.
+    pub fn mismatch_by_profile(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.per_profile.iter().map(|(p, (n, m))| (p.as_str(), ratio(*m, *n)))
+    }
+
     fn count(&mut self, profile: &str, outcome: &Pinned) {
         self.requests += 1;
         let e = self.per_profile.entry(profile.to_string()).or_default();
@@ -201,10 +211,6 @@ impl PinnedStats {
             e.1 += m;
         }
     }
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
 /// The churn of [`churn::run`] (same arrivals for a seed) with every request a shard job whose
