@@ -7,7 +7,9 @@
 //!    against one claim, and against NVIDIA's design (every prepare behind one node lock).
 //! 3. Footprint: RSS idle and after a prepare/unprepare storm; time from start to registered.
 //! 4. Slice publication for 16 H100s: objects, bytes, time to build and encode.
-//! 5. Packing: the reference churn workload through the allocator model, per device order.
+//! 5. Packing: the reference churn workload through the allocator model, per device order; and
+//!    the same churn as Slurm shard jobs whose claims are pinned to the GPU Slurm picks (how often
+//!    that GPU has the shards but no placement).
 //!
 //! Full run (by hand, a few minutes): `cargo bench --bench bench`
 //! Short run (CI): `cargo bench --bench bench -- --quick`
@@ -27,6 +29,7 @@ use migdra::mig::catalog;
 use migdra::mig::counters;
 use migdra::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
 use migdra::packing::churn::{self, Setup, Workload};
+use migdra::packing::shards::{self, ShardModel, ShardPick};
 use migdra::packing::{Policy, SliceOrder};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -561,6 +564,7 @@ fn packing(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         anchor.acceptance() * 100.0,
         anchor.large_acceptance() * 100.0
     );
+    shards_vs_placements(&w, &seeds, &get, cases[1].0, cases[2].0);
     for (label, _, _, _) in &cases {
         for p in [Policy::Packed, Policy::BestFit, Policy::Steered] {
             if let Some(s) = get(label, p) {
@@ -580,4 +584,80 @@ fn packing(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
             }
         }
     }
+}
+
+/// Part of item 5: every request of the same churn as a Slurm shard job; slurm-bridge pins the
+/// claim to the GPU Slurm picks. How often that GPU has the shards but no placement, per device
+/// order and Slurm pick rule, beside the same order's acceptance without the pin (same run).
+fn shards_vs_placements(
+    w: &Workload,
+    seeds: &[u64],
+    unpinned: &dyn Fn(&str, Policy) -> Option<churn::Stats>,
+    random_label: &str,
+    by_name_label: &str,
+) {
+    let pct = |x: f64| format!("{:.2}%", x * 100.0);
+    println!(
+        "\n  -- where shards and placements disagree: each request a Slurm job --gres=shard:N (N = ceil(p x S / M)), its claim pinned to the GPU Slurm picks"
+    );
+    println!(
+        "  {:<14} {:<14} {:>8} {:>9} {:>10} {:>9} {:>9} | {:>13} {:>8} {:>9}",
+        "Slurm's pick",
+        "order",
+        "accept",
+        "mismatch",
+        "avoidable",
+        "unpubl.",
+        "no shard",
+        "unpinned 1.35",
+        "1.36+",
+        "cost"
+    );
+    for (s_label, per_gpu) in [("S = 8 (default)", None), ("S = 7", Some(7))] {
+        for pick in ShardPick::ALL {
+            let model = ShardModel::new(w.model, per_gpu, pick);
+            let pick_label = match pick {
+                ShardPick::FirstAvailable => "first fit",
+                ShardPick::LeastLoaded => "LL_SHARED_GRES",
+            };
+            println!("  -- {s_label}, {}", pick.as_str());
+            let mut rarest: Option<(Policy, f64)> = None;
+            let mut packed_profiles = None;
+            for policy in Policy::ALL {
+                let r = shards::run_pinned_seeds(w, policy, model, seeds);
+                let random = unpinned(random_label, policy).map(|s| s.acceptance());
+                let by_name = unpinned(by_name_label, policy).map(|s| s.acceptance());
+                println!(
+                    "  {:<14} ({}) {:<10} {:>8} {:>9} {:>10} {:>9} {:>9} | {:>13} {:>8} {:>9}",
+                    pick_label,
+                    policy.letter(),
+                    policy.name(),
+                    pct(r.acceptance()),
+                    pct(r.mismatch()),
+                    pct(r.avoidable_rate()),
+                    pct(r.unpublished_rate()),
+                    pct(r.no_shards_rate()),
+                    random.map_or("-".into(), pct),
+                    by_name.map_or("-".into(), pct),
+                    random.map_or("-".into(), |u| format!("{:+.2} pt", (r.acceptance() - u) * 100.0)),
+                );
+                if rarest.is_none_or(|(_, m)| r.mismatch() < m) {
+                    rarest = Some((policy, r.mismatch()));
+                }
+                if policy == Policy::Packed {
+                    packed_profiles =
+                        Some(r.mismatch_by_profile().map(|(p, m)| format!("{p} {}", pct(m))).collect::<Vec<_>>());
+                }
+            }
+            if let Some((p, m)) = rarest {
+                println!("     rarest mismatch: ({}) {} at {}", p.letter(), p.name(), pct(m));
+            }
+            if let Some(by) = packed_profiles {
+                println!("     mismatch per profile under (b) packed: {}", by.join(", "));
+            }
+        }
+    }
+    println!(
+        "  mismatch: Slurm's GPU had the shards, the pinned claim no device (% of shard requests); avoidable: another GPU had shards and a placement; unpubl.: a placement fit but the order hid it; no shard: Slurm found no GPU; cost: accept minus unpinned 1.34/1.35 (slurm-bridge's Kubernetes)"
+    );
 }

@@ -7,7 +7,7 @@
 
 use super::allocator::{self, Dev, Node, Rng, SliceOrder};
 use super::policy::{self, Policy};
-use crate::mig::catalog::GpuModel;
+use crate::mig::catalog::{GiProfile, GpuModel};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -110,7 +110,8 @@ impl Stats {
     }
 }
 
-fn ratio(a: u64, b: u64) -> f64 {
+/// `a / b`, and 0 for no requests.
+pub(crate) fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
@@ -132,29 +133,41 @@ impl Ord for Departure {
     }
 }
 
-/// Run `workload` through the allocator model under `setup`. The same seed gives the same
-/// arrivals, profiles and lifetimes under every setup (the slice shuffles use their own stream).
+/// One arrival, as [`drive`] hands it to a placement rule.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival<'a> {
+    /// The profile it asks for.
+    pub profile: &'a GiProfile,
+    /// Whether it is counted (false during the warm-up).
+    pub counted: bool,
+}
+
+/// Run `workload`'s arrivals and departures on a node of `gpus_per_slice` GPUs per slice.
+/// `place` gives each arrival its device (`None`: refused) from the node as it is then; the
+/// driver allocates it and schedules its departure. The same seed gives the same arrivals,
+/// profiles and lifetimes whatever `place` does, so placement rules compare on one workload.
 ///
 /// # Panics
-/// If the mix names a profile the model does not have.
-pub fn run(workload: &Workload, setup: Setup, seed: u64) -> Stats {
+/// If the mix names a profile the model does not have, or `place` returns a device that does
+/// not fit.
+pub fn drive(
+    workload: &Workload,
+    gpus_per_slice: usize,
+    seed: u64,
+    mut place: impl FnMut(&Node, Arrival) -> Option<Dev>,
+) {
     let m = workload.model;
-    let profiles: Vec<(u32, bool, String)> = workload
+    let profiles: Vec<&GiProfile> = workload
         .mix
         .iter()
-        .map(|(name, _)| {
-            let p = m.profile_by_name(name).unwrap_or_else(|| panic!("{} has no profile {name}", m.key));
-            (p.id, p.compute_slices >= 3, p.name.clone())
-        })
+        .map(|(name, _)| m.profile_by_name(name).unwrap_or_else(|| panic!("{} has no profile {name}", m.key)))
         .collect();
     let total: f64 = workload.mix.iter().map(|(_, s)| s).sum();
-    let mut node = Node::new(m, workload.gpus, setup.gpus_per_slice);
+    let mut node = Node::new(m, workload.gpus, gpus_per_slice);
     let mut arrivals = Rng::new(seed);
-    let mut shuffles = Rng::new(seed ^ 0x5eed_5eed);
     let rate = workload.load * workload.gpus as f64;
     let mut departures = BinaryHeap::new();
     let mut now = 0.0;
-    let mut stats = Stats::default();
     for i in 0..workload.warmup + workload.requests {
         now += arrivals.exponential(1.0 / rate);
         let pick = arrivals.unit() * total;
@@ -172,36 +185,42 @@ pub fn run(workload: &Workload, setup: Setup, seed: u64) -> Stats {
             let Departure(_, dev) = departures.pop().expect("peeked");
             node.release(dev);
         }
-        let (profile_id, large, name) = &profiles[k];
-        let published = policy::publish(&node, setup.policy, *profile_id);
-        let chosen = allocator::first_fit(&node, &published, *profile_id, setup.slice_order, &mut shuffles);
-        if i < workload.warmup {
-            if let Some(dev) = chosen {
-                node.allocate(dev);
-                departures.push(Departure(now + lifetime, dev));
-            }
-            continue;
-        }
-        stats.requests += 1;
-        stats.large += u64::from(*large);
-        stats.stranded_sum += stranded(&node);
-        let e = stats.per_profile.entry(name.clone()).or_default();
-        e.0 += 1;
-        match chosen {
-            Some(dev) => {
-                node.allocate(dev);
-                departures.push(Departure(now + lifetime, dev));
-                stats.accepted += 1;
-                stats.large_accepted += u64::from(*large);
-                e.1 += 1;
-            }
-            None => {
-                if (0..node.gpus()).any(|g| node.fits_after_repack(g, *profile_id)) {
-                    stats.fragmented += 1;
-                }
-            }
+        if let Some(dev) = place(&node, Arrival { profile: profiles[k], counted: i >= workload.warmup }) {
+            node.allocate(dev);
+            departures.push(Departure(now + lifetime, dev));
         }
     }
+}
+
+/// Run `workload` through the allocator model under `setup`. The same seed gives the same
+/// arrivals, profiles and lifetimes under every setup (the slice shuffles use their own stream).
+///
+/// # Panics
+/// If the mix names a profile the model does not have.
+pub fn run(workload: &Workload, setup: Setup, seed: u64) -> Stats {
+    let mut shuffles = Rng::new(seed ^ 0x5eed_5eed);
+    let mut stats = Stats::default();
+    drive(workload, setup.gpus_per_slice, seed, |node, a| {
+        let id = a.profile.id;
+        let published = policy::publish(node, setup.policy, id);
+        let chosen = allocator::first_fit(node, &published, id, setup.slice_order, &mut shuffles);
+        if a.counted {
+            let large = a.profile.compute_slices >= 3;
+            stats.requests += 1;
+            stats.large += u64::from(large);
+            stats.stranded_sum += stranded(node);
+            let e = stats.per_profile.entry(a.profile.name.clone()).or_default();
+            e.0 += 1;
+            if chosen.is_some() {
+                stats.accepted += 1;
+                stats.large_accepted += u64::from(large);
+                e.1 += 1;
+            } else if (0..node.gpus()).any(|g| node.fits_after_repack(g, id)) {
+                stats.fragmented += 1;
+            }
+        }
+        chosen
+    });
     stats
 }
 

@@ -16,10 +16,14 @@
 //!   fits it best, while every allocated device stays published.
 //! - [`churn`]: the reference workload (Poisson arrivals, exponential lifetimes, a profile mix),
 //!   run through the model, with acceptance and fragmentation.
+//! - [`shards`]: Slurm's choice of GPU for a shard job, and how often the claim pinned to it
+//!   finds the shards but no placement (docs/bridge-contract.md, "Where shards and placements
+//!   disagree").
 
 pub mod allocator;
 pub mod churn;
 pub mod policy;
+pub mod shards;
 
 pub use allocator::{Dev, Node, SliceOrder};
 pub use churn::{Stats, Workload};
