@@ -20,14 +20,14 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_name = "PROFILE")]
     pub profiles: Vec<String>,
     /// Before the profile in each class name
-    #[arg(long, default_value = "mig-", value_name = "PREFIX")]
+    #[arg(long, env = "MIGDRA_CLASS_PREFIX", default_value = "mig-", value_name = "PREFIX")]
     pub class_prefix: String,
     /// Before the profile in each extended resource name (NVIDIA's device plugin: nvidia.com/mig-);
     /// empty for none
-    #[arg(long, default_value = "nvidia.com/mig-", value_name = "PREFIX")]
+    #[arg(long, env = "MIGDRA_EXTENDED_RESOURCE_PREFIX", default_value = "nvidia.com/mig-", value_name = "PREFIX")]
     pub extended_resource_prefix: String,
     /// The whole-GPU class's extended resource name; empty for none
-    #[arg(long, default_value = "nvidia.com/gpu", value_name = "NAME")]
+    #[arg(long, env = "MIGDRA_GPU_EXTENDED_RESOURCE", default_value = "nvidia.com/gpu", value_name = "NAME")]
     pub gpu_extended_resource: String,
     /// Print slurm-bridge's `deviceProfiles` for these classes instead (whole GPUs; with
     /// --static-mig each profile too)

@@ -48,6 +48,12 @@ pub const SCRUBBED: &[&str] = &[
     "MIGDRA_MODEL",
     "MIGDRA_GENERATION",
     "MIGDRA_NODE_UID",
+    // `slurm-conf` and `device-classes` flags.
+    "MIGDRA_DEV_ROOT",
+    "MIGDRA_GRES_TYPE",
+    "MIGDRA_CLASS_PREFIX",
+    "MIGDRA_EXTENDED_RESOURCE_PREFIX",
+    "MIGDRA_GPU_EXTENDED_RESOURCE",
     // Read directly: the simulator's faults and the crash points.
     "MIGDRA_SIM_FAULTS",
     "MIGDRA_CRASH_AT",
