@@ -38,6 +38,7 @@ use support::controlplane::{ControlPlane, apiserver_134_dir};
 use support::daemon::Daemon;
 use support::eventually::eventually;
 use support::node::NodeDir;
+use support::render;
 use support::rng::Rng;
 use support::{DRIVER, NODE};
 
@@ -88,9 +89,12 @@ impl Cluster {
         Self::start_with(false).await
     }
 
-    /// [`Self::start`]; with `rbac`, also apply daemonset/base/rbac.yaml and
-    /// daemonset/base/admission-policy.yaml, and run `migdra serve` as its service account on `NODE`
-    /// (impersonated: [`SERVICE_ACCOUNT`], its groups and the node-name extra of a pod-bound token).
+    /// [`Self::start`]; with `rbac`, first `helm install` the chart with its default values
+    /// (tests/chart.rs shows its objects are the kustomize base's: RBAC, admission policy,
+    /// DeviceClasses, Slurm index map, and the DaemonSet, which no kubelet runs here), or without
+    /// helm (when not required) apply daemonset/base/rbac.yaml and admission-policy.yaml; then
+    /// run `migdra serve` as its service account on `NODE` (impersonated: [`SERVICE_ACCOUNT`], its
+    /// groups and the node-name extra of a pod-bound token).
     async fn start_with(rbac: bool) -> Self {
         let cp = ControlPlane::start().await;
         println!("control plane: {} (started in {:.1?})", cp.versions, cp.startup);
@@ -98,15 +102,22 @@ impl Cluster {
         let version = client.apiserver_version().await.unwrap();
         let num = |s: &str| s.trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>().unwrap();
         let layout = slices::layout_for(num(&version.major), num(&version.minor));
+        let mut files = vec!["daemonset/base/deviceclasses.yaml"];
         if rbac {
-            for file in ["daemonset/base/rbac.yaml", "daemonset/base/admission-policy.yaml"] {
-                apply(&client, &repo().join(file), NS).await;
+            if let Some(helm) = render::HELM.find() {
+                helm_install(&helm, &cp, &client).await;
+                files.clear();
+            } else {
+                for file in ["daemonset/base/rbac.yaml", "daemonset/base/admission-policy.yaml"] {
+                    apply(&client, &repo().join(file), NS).await;
+                }
             }
         }
         create_node(&client, NODE).await;
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
-        for file in ["daemonset/base/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
+        files.push("daemonset/examples/claim-templates.yaml");
+        for file in files {
             apply(&client, &repo().join(file), NS).await;
         }
 
@@ -798,15 +809,41 @@ const SERVICE_ACCOUNT_GROUPS: [&str; 3] =
 /// The user extra a pod-bound service-account token carries (1.32+).
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
+/// `helm install` of the chart as daemonset/README.md says (its own namespace, created by Helm),
+/// into the control plane as its admin; then every object `helm template` renders is there.
+async fn helm_install(helm: &std::path::Path, cp: &ControlPlane, client: &kube::Client) {
+    let t = Instant::now();
+    let home = tempfile::tempdir().unwrap();
+    let kubeconfig = cp.kubeconfig().to_str().unwrap();
+    let args = ["install", render::RELEASE, render::CHART, "-n", render::NAMESPACE, "--create-namespace"];
+    let out = std::process::Command::new(helm)
+        .args(args)
+        .args(["--kubeconfig", kubeconfig])
+        .current_dir(repo())
+        // Helm's own cache and configuration stay out of the user's home.
+        .env("HELM_CACHE_HOME", home.path())
+        .env("HELM_CONFIG_HOME", home.path())
+        .env("HELM_DATA_HOME", home.path())
+        .output()
+        .unwrap();
+    let what = format!("helm {}", args.join(" "));
+    assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+    let docs = render::documents("helm template", &render::helm_template(helm, &[]));
+    let missing = support::cluster::missing(client, "helm template", &docs, render::NAMESPACE).await;
+    assert!(missing.is_empty(), "{what} succeeded, but the API server lacks {missing:?}");
+    println!("{what}: the API server holds all {} objects of the chart ({:.1?})", docs.len(), t.elapsed());
+}
+
 /// A kubeconfig that acts as migdra's service account in a pod on `node`.
 fn service_account_kubeconfig(cp: &ControlPlane, node: &str) -> PathBuf {
     cp.impersonating_kubeconfig(SERVICE_ACCOUNT, &SERVICE_ACCOUNT_GROUPS, &[(NODE_NAME_EXTRA, node)])
 }
 
-/// `migdra serve` with only daemonset/base/rbac.yaml's ClusterRole (its service account, impersonated
-/// on node-a): it publishes, and prepares and unprepares a claim through the real scheduler,
-/// writing the claim status. With the same identity, a slice of another node is refused by
-/// daemonset/base/admission-policy.yaml.
+/// The Helm chart installs on the API server, and `migdra serve` with only its
+/// ClusterRole (the kustomize base's, by tests/chart.rs; its service account, impersonated on
+/// node-a) publishes, and prepares and unprepares a claim through the real scheduler, writing the
+/// claim status. With the same identity, a slice of another node is refused by the chart's
+/// admission policy (daemonset/base/admission-policy.yaml's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_with_only_the_daemonset_role() {
     let _serial = SERIAL.lock().await;

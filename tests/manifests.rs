@@ -3,18 +3,23 @@
 //! - Every YAML document parses into its typed k8s-openapi object and serializes back to the same
 //!   JSON, so no field is misspelled, misplaced or silently dropped (k8s-openapi ignores unknown
 //!   fields; the round trip is what notices them). The same holds for what `kustomize build`
-//!   renders from each kustomization, when a kustomize binary is at hand (`MIGDRA_KUSTOMIZE`, or
-//!   the one `hack/build-kustomize.sh` caches); `hack/render-daemonset.sh` renders them in CI.
+//!   renders from each kustomization and `helm template` from the chart (default values and each
+//!   `daemonset/helm/migdra/ci/*-values.yaml`), when the binaries are at hand (tests/support/
+//!   render.rs finds them; .ci/run requires them); `hack/render-daemonset.sh` and
+//!   `hack/render-chart.sh` render them in CI.
 //! - The CEL of the DeviceClasses and claim templates names only attributes and capacities that
 //!   migdra publishes, taken from `migdra::mig::devices` for every catalog model and mode, and
 //!   compares `type`, `profile`, `migMode` and `architecture` only with values they can take.
 //! - The ClusterRole allows every call in `migdra::kube::api_calls::API_CALLS`, and each of its
-//!   rules is used by one or is an allowance listed here with its reason; the list itself is
-//!   checked against the `kube::Api` calls in `src/`.
+//!   rules is used by one or is an allowance listed here with its reason, in rbac.yaml and in
+//!   every render; the list itself is checked against the `kube::Api` calls in `src/`.
 //! - The DaemonSet agrees with the code: socket paths in the probes, downward-API variables,
 //!   kubelet directories, the service account of the RBAC and of the admission policy, `MIGDRA_*`
 //!   variables the CLI reads, and the Slurm index map's file and format.
 #![allow(clippy::print_stdout)] // the tests report what they checked and the kustomize renders
+
+#[path = "support/render.rs"]
+mod render;
 
 use clap::CommandFactory;
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
@@ -65,9 +70,10 @@ fn is_kustomization(path: &Path) -> bool {
     matches!(path.file_name().and_then(|n| n.to_str()), Some("kustomization.yaml" | "kustomization.yml"))
 }
 
-/// slurm-bridge's configuration for migdra's classes: not Kubernetes objects (tests/cli.rs checks
-/// it against `migdra device-classes --slurm-bridge`).
-const NOT_MANIFESTS: &str = "slurm-bridge";
+/// Directories of daemonset/ without Kubernetes objects: slurm-bridge's configuration for
+/// migdra's classes (tests/cli.rs checks it against `migdra device-classes --slurm-bridge`), and
+/// the Helm chart, whose templates are checked through their renders.
+const NOT_MANIFESTS: [&str; 2] = ["slurm-bridge", "helm"];
 
 /// Every YAML file under daemonset/ that holds Kubernetes objects, sorted.
 fn yaml_files() -> Vec<PathBuf> {
@@ -75,7 +81,7 @@ fn yaml_files() -> Vec<PathBuf> {
         let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         for entry in entries {
             let path = entry.unwrap().path();
-            if path.is_dir() && path.file_name().is_some_and(|n| n == NOT_MANIFESTS) {
+            if path.is_dir() && path.file_name().is_some_and(|n| NOT_MANIFESTS.iter().any(|m| n == *m)) {
                 continue;
             }
             if path.is_dir() {
@@ -123,61 +129,40 @@ fn kustomize_dirs() -> Vec<String> {
     yaml_files().iter().filter(|p| is_kustomization(p)).map(|p| relative(p.parent().unwrap())).collect()
 }
 
-/// A kustomize binary: `MIGDRA_KUSTOMIZE`, or the one hack/build-kustomize.sh caches for the
-/// version hack/kustomize/go.mod pins.
-fn kustomize() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("MIGDRA_KUSTOMIZE") {
-        return Some(PathBuf::from(path));
-    }
-    let go_mod = std::fs::read_to_string(repo().join("hack/kustomize/go.mod")).ok()?;
-    let version = go_mod.lines().find_map(|l| l.strip_prefix("require sigs.k8s.io/kustomize/kustomize/v5 "))?.trim();
-    let cache = std::env::var_os("MIGDRA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/migdra")))?;
-    let path = cache.join(format!("kustomize-{version}/bin/kustomize"));
-    path.is_file().then_some(path)
-}
-
-/// A kustomization directory and what `kustomize build` renders from it.
+/// A render's command (`kustomize build DIR`, `helm template … -f FILE`) and its objects.
 type Render = (String, Vec<Doc>);
 
-/// `kustomize build` of every kustomization, or `None` without a kustomize binary.
-fn renders() -> Option<&'static [Render]> {
-    static RENDERS: OnceLock<Option<Vec<Render>>> = OnceLock::new();
-    RENDERS
-        .get_or_init(|| {
-            let Some(bin) = kustomize() else {
-                println!("no kustomize (MIGDRA_KUSTOMIZE, or run hack/build-kustomize.sh): renders not checked here");
-                return None;
-            };
-            let renders = kustomize_dirs()
-                .into_iter()
-                .map(|dir| {
-                    let out = std::process::Command::new(&bin)
-                        .arg("build")
-                        .arg(repo().join(&dir))
-                        .output()
-                        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
-                    assert!(
-                        out.status.success(),
-                        "kustomize build {dir} failed: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    let docs =
-                        parse_documents(&format!("kustomize build {dir}"), &String::from_utf8(out.stdout).unwrap());
-                    assert!(!docs.is_empty(), "kustomize build {dir} rendered nothing");
-                    (dir, docs)
-                })
-                .collect();
-            Some(renders)
-        })
-        .as_deref()
+/// `kustomize build` of every kustomization, then `helm template` of the chart with its default
+/// values and with each of its values files; each renderer's are left out (said) without its
+/// binary, unless `MIGDRA_REQUIRE_RENDERS=1`.
+fn renders() -> &'static [Render] {
+    static RENDERS: OnceLock<Vec<Render>> = OnceLock::new();
+    RENDERS.get_or_init(|| {
+        let mut renders = Vec::new();
+        let mut add = |what: String, text: String| {
+            let docs = parse_documents(&what, &text);
+            assert!(!docs.is_empty(), "{what} rendered nothing");
+            renders.push((what, docs));
+        };
+        if let Some(bin) = render::KUSTOMIZE.find() {
+            for dir in kustomize_dirs() {
+                add(format!("kustomize build {dir}"), render::kustomize_build(&bin, &dir));
+            }
+        }
+        if let Some(bin) = render::HELM.find() {
+            add(format!("helm template {}", render::CHART), render::helm_template(&bin, &[]));
+            for file in render::chart_values_files() {
+                add(format!("helm template {} -f {file}", render::CHART), render::helm_template(&bin, &["-f", &file]));
+            }
+        }
+        renders
+    })
 }
 
 /// The files' objects, then every render's.
 fn all_objects() -> Vec<Doc> {
     let mut docs = file_objects();
-    for (_, rendered) in renders().unwrap_or_default() {
+    for (_, rendered) in renders() {
         docs.extend(rendered.iter().cloned());
     }
     docs
@@ -311,9 +296,7 @@ fn kustomizations_name_every_manifest() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    if let Some(renders) = renders() {
-        println!("kustomize rendered: {:?}", renders.iter().map(|(d, docs)| (d, docs.len())).collect::<Vec<_>>());
-    }
+    println!("rendered: {:?}", renders().iter().map(|(d, docs)| (d, docs.len())).collect::<Vec<_>>());
 }
 
 // === CEL against the published attributes ===
@@ -746,15 +729,29 @@ fn allows(rule: &PolicyRule, call: &ApiCall, driver: &str) -> bool {
 }
 
 /// The ClusterRole bound to migdra's service account allows every call in API_CALLS, and each
-/// (group, resource, verb) it grants is used by a call or is a listed allowance.
+/// (group, resource, verb) it grants is used by a call or is a listed allowance: in rbac.yaml,
+/// and in every render that holds the service account (the chart's with rbac.create too).
 #[test]
 fn rbac_allows_every_api_call_and_nothing_unexplained() {
     let driver = driver();
-    let docs = file_documents(&repo().join(MANIFESTS).join("base/rbac.yaml"));
-    let (_, _, rules) = migdra_rules(&docs);
+    let mut checked =
+        vec![("daemonset/base/rbac.yaml".to_string(), file_documents(&repo().join(MANIFESTS).join("base/rbac.yaml")))];
+    checked.extend(renders().iter().filter(|(_, docs)| docs.iter().any(|d| d.kind() == "ServiceAccount")).cloned());
+    let mut failures = Vec::new();
+    for (source, docs) in &checked {
+        let problems = rbac_problems(docs, &driver);
+        failures.extend(problems.into_iter().map(|p| format!("{source}: {p}")));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    println!("RBAC checked in {:?}", checked.iter().map(|(s, _)| s).collect::<Vec<_>>());
+}
+
+/// What is wrong with the rules bound to migdra's service account in `docs`.
+fn rbac_problems(docs: &[Doc], driver: &str) -> Vec<String> {
+    let (_, _, rules) = migdra_rules(docs);
     let mut failures = Vec::new();
     for call in API_CALLS {
-        if !rules.iter().any(|r| allows(r, call, &driver)) {
+        if !rules.iter().any(|r| allows(r, call, driver)) {
             failures.push(format!(
                 "not allowed: {} {} {:?} ({}: {})",
                 call.verb,
@@ -799,8 +796,15 @@ fn rbac_allows_every_api_call_and_nothing_unexplained() {
             println!("note: allowance {v} {res} is now used by API_CALLS; it can go");
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    println!("{} calls allowed; {} grants, {} of them allowances", API_CALLS.len(), granted.len(), ALLOWANCES.len());
+    if failures.is_empty() {
+        println!(
+            "{} calls allowed; {} grants, {} of them allowances",
+            API_CALLS.len(),
+            granted.len(),
+            ALLOWANCES.len()
+        );
+    }
+    failures
 }
 
 /// `kube::Api` methods found in `text` (a source file): (verb, subresource) pairs.

@@ -1,10 +1,11 @@
 //! What the end-to-end tests put in a real cluster and read back from it: the Node a kubelet
-//! would register, the manifests of daemonset/, and a node's published pool.
+//! would register, the manifests of daemonset/ and the chart's objects, and a node's published
+//! pool.
 
 use super::eventually::eventually;
 use super::{DRIVER, NODE};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use migdra::claims::ClaimRef;
@@ -49,48 +50,69 @@ pub fn documents(path: &Path) -> Vec<Value> {
 
 /// `kubectl apply -n <namespace> -f FILE` for the kinds daemonset/ holds.
 pub async fn apply(client: &kube::Client, path: &Path, namespace: &str) {
-    let pp = PostParams::default();
-    for doc in documents(path) {
-        // Cluster-scoped, or in their own namespace: (group, version, plural, namespaced).
-        let dynamic = match doc["kind"].as_str() {
-            Some("Namespace") => Some(("", "v1", "namespaces", false)),
-            Some("ServiceAccount") => Some(("", "v1", "serviceaccounts", true)),
-            Some("ClusterRole") => Some(("rbac.authorization.k8s.io", "v1", "clusterroles", false)),
-            Some("ClusterRoleBinding") => Some(("rbac.authorization.k8s.io", "v1", "clusterrolebindings", false)),
-            Some("ValidatingAdmissionPolicy") => {
-                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", false))
-            }
-            Some("ValidatingAdmissionPolicyBinding") => {
-                Some(("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", false))
-            }
-            _ => None,
-        };
-        if let Some((group, version, plural, namespaced)) = dynamic {
-            let kind = doc["kind"].as_str().unwrap();
-            let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
-            let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
-            let obj: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
-            let api: Api<kube::api::DynamicObject> = if namespaced {
-                let ns = obj.metadata.namespace.clone().unwrap_or_else(|| namespace.into());
-                Api::namespaced_with(client.clone(), &ns, &ar)
-            } else {
-                Api::all_with(client.clone(), &ar)
-            };
-            api.create(&pp, &obj).await.unwrap_or_else(|e| panic!("{}: create {kind}: {e}", path.display()));
-            continue;
+    create_all(client, &path.display().to_string(), documents(path), namespace).await;
+}
+
+/// The API of a kind daemonset/ holds, for `doc`'s namespace (else `namespace`) when namespaced.
+///
+/// # Panics
+/// A kind not listed here.
+fn api_of(client: &kube::Client, source: &str, doc: &Value, namespace: &str) -> Api<kube::api::DynamicObject> {
+    // (group, version, plural, namespaced)
+    let (group, version, plural, namespaced) = match doc["kind"].as_str() {
+        Some("Namespace") => ("", "v1", "namespaces", false),
+        Some("ServiceAccount") => ("", "v1", "serviceaccounts", true),
+        Some("ConfigMap") => ("", "v1", "configmaps", true),
+        Some("DaemonSet") => ("apps", "v1", "daemonsets", true),
+        Some("ClusterRole") => ("rbac.authorization.k8s.io", "v1", "clusterroles", false),
+        Some("ClusterRoleBinding") => ("rbac.authorization.k8s.io", "v1", "clusterrolebindings", false),
+        Some("ValidatingAdmissionPolicy") => {
+            ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", false)
         }
-        match doc["kind"].as_str() {
-            Some("DeviceClass") => {
-                let dc: DeviceClass = serde_json::from_value(doc).unwrap();
-                Api::<DeviceClass>::all(client.clone()).create(&pp, &dc).await.unwrap();
-            }
-            Some("ResourceClaimTemplate") => {
-                let t: ResourceClaimTemplate = serde_json::from_value(doc).unwrap();
-                Api::<ResourceClaimTemplate>::namespaced(client.clone(), namespace).create(&pp, &t).await.unwrap();
-            }
-            other => panic!("{}: unexpected kind {other:?}", path.display()),
+        Some("ValidatingAdmissionPolicyBinding") => {
+            ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", false)
+        }
+        Some("DeviceClass") => ("resource.k8s.io", "v1", "deviceclasses", false),
+        Some("ResourceClaimTemplate") => ("resource.k8s.io", "v1", "resourceclaimtemplates", true),
+        other => panic!("{source}: unexpected kind {other:?}"),
+    };
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, doc["kind"].as_str().unwrap());
+    let ar = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+    if namespaced {
+        let ns = doc["metadata"]["namespace"].as_str().unwrap_or(namespace);
+        Api::namespaced_with(client.clone(), ns, &ar)
+    } else {
+        Api::all_with(client.clone(), &ar)
+    }
+}
+
+/// Create each object of `docs` (from `source`: a file, a render) in the API server, in order;
+/// namespaced ones without a namespace go to `namespace`.
+///
+/// # Panics
+/// The server refuses one: the source, kind and name, and the server's reason.
+pub async fn create_all(client: &kube::Client, source: &str, docs: Vec<Value>, namespace: &str) {
+    for doc in docs {
+        let api = api_of(client, source, &doc, namespace);
+        let obj: kube::api::DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+        let (kind, name) = (&doc["kind"], obj.metadata.name.clone().unwrap_or_default());
+        api.create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("{source}: create {kind} {name}: {e}"));
+    }
+}
+
+/// The objects of `docs` (from `source`) that the API server does not hold, as "kind name".
+pub async fn missing(client: &kube::Client, source: &str, docs: &[Value], namespace: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for doc in docs {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        let found = api_of(client, source, doc, namespace).get_opt(name).await;
+        if !matches!(found, Ok(Some(_))) {
+            out.push(format!("{} {name} ({found:?})", doc["kind"]));
         }
     }
+    out
 }
 
 /// The newest generation of a pool's slices, if it is complete: as many slices as each counts.

@@ -295,6 +295,9 @@ impl ControlPlane {
                 // not-ready taint, and pods would wait for a `default` ServiceAccount.
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
                 "--runtime-config=resource.k8s.io/v1=true".into(),
+                // Privileged containers allowed, as every cluster that runs a GPU driver's pods
+                // sets it (kubeadm, kind); the default refuses migdra's DaemonSet.
+                "--allow-privileged=true".into(),
                 format!("--feature-gates={FEATURE_GATES}"),
                 "--profiling=false".into(),
                 "--v=1".into(),

@@ -8,6 +8,7 @@
 //! - [`eventually`]: poll a condition until a deadline, failing with what was awaited.
 //! - [`logs`]: the tail of a child's log for a failure message.
 //! - [`rng`]: a deterministic generator for storms and churn.
+//! - [`render`]: `kustomize build` and `helm template` of daemonset/, the binaries found alike.
 //! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`],
 //!   [`slurm`]: the other side of each tier: a fake API server, a fake libnvidia-ml, a real
 //!   control plane and what the tests put in it, the kubelet's own code, a real Slurm.
@@ -28,6 +29,7 @@ pub mod fake_nvml;
 pub mod kubelet_code;
 pub mod logs;
 pub mod node;
+pub mod render;
 pub mod rng;
 pub mod slurm;
 
