@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 use support::cluster::{apply, create_node, pool, repo};
+use support::command::Run;
 use support::controlplane::ControlPlane;
 use support::daemon::Daemon;
 use support::eventually::eventually;
@@ -476,6 +477,8 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut serve = env.serve(None).await;
     register(&env, &mut kubelet, &serve, 0, "migdra serve").await;
+    // The DaemonSet's probe passes once the kubelet's own plugin manager has registered migdra.
+    println!("  migdra probe: {}", env.node.probe(None).ok().trim());
     let (slices, took) = env.pool(Duration::from_secs(60)).await;
     println!("  pool complete: {} slices, {took:.1?} after registration", slices.len());
 

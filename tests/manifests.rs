@@ -35,6 +35,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -980,25 +981,30 @@ fn daemonset_runs_migdra_as_the_code_expects() {
     let nvml_lib = env.get("MIGDRA_NVML_LIB").and_then(|e| e.value.as_deref()).expect("MIGDRA_NVML_LIB is set");
     assert!(nvml_lib.starts_with("/driver-root/"), "{nvml_lib} is not under the driver root's mount");
 
-    // Probes test the sockets the code binds for this pod.
-    let sockets =
-        migdra::kubelet::SocketPaths::new(Path::new(&plugin_dir), Path::new(&registry_dir), &driver, Some("$POD_UID"));
+    // Probes ask the daemon through `migdra probe` (tests/probe.rs), which finds this pod's
+    // sockets from the same environment as serve; the image puts the binary at that path, and
+    // the kubelet's timeout leaves the probe's own --timeout room to report.
+    let probe_cmd = migdra::cli::Cli::command().find_subcommand("probe").cloned().expect("a probe subcommand");
+    let probe_timeout = probe_cmd.get_arguments().find(|a| a.get_id() == "timeout").unwrap().get_default_values()[0]
+        .to_string_lossy()
+        .into_owned();
+    let probe_timeout = migdra::duration::parse(&probe_timeout).unwrap();
+    let dockerfile = std::fs::read_to_string(repo().join("daemonset/image/Dockerfile")).unwrap();
+    let image_bin = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("COPY --from=build ")?.split_whitespace().last())
+        .expect("the Dockerfile copies the binary from the build stage");
     for (what, probe) in
         [("startup", &c.startup_probe), ("readiness", &c.readiness_probe), ("liveness", &c.liveness_probe)]
     {
-        let command = probe
-            .as_ref()
-            .and_then(|p| p.exec.as_ref())
-            .and_then(|e| e.command.as_ref())
-            .unwrap_or_else(|| panic!("no {what} exec probe"))
-            .join(" ");
-        for socket in [&sockets.dra, &sockets.registration] {
-            assert!(
-                command.contains(&format!("test -S \"{}\"", socket.display())),
-                "{what} probe {command:?} misses {}",
-                socket.display()
-            );
-        }
+        let probe = probe.as_ref().unwrap_or_else(|| panic!("no {what} probe"));
+        let command = probe.exec.as_ref().and_then(|e| e.command.as_deref()).unwrap_or_default();
+        assert_eq!(command, [image_bin, "probe"], "{what} probe");
+        let kubelet_timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).try_into().unwrap());
+        assert!(
+            kubelet_timeout > probe_timeout,
+            "{what} probe: timeoutSeconds {kubelet_timeout:?} <= --timeout {probe_timeout:?}"
+        );
     }
 
     // The Slurm index map: the variable names the file the ConfigMap's key becomes, and the

@@ -10,6 +10,7 @@ mod demo;
 mod device_classes;
 mod layout;
 mod output;
+mod probe;
 mod profiles;
 mod serve;
 mod sim;
@@ -197,6 +198,9 @@ pub enum Command {
     Cleanup(cleanup::Args),
     /// The kubelet plugin daemon
     Serve(serve::Args),
+    /// Ask a running serve what the kubelet would (GetInfo, then an empty NodePrepareResources);
+    /// exit 0 only if both answer in time. The DaemonSet's probes
+    Probe(probe::Args),
     /// A day on a simulated node: the real daemon, driven over its sockets like a kubelet
     Demo(demo::Args),
 }
@@ -244,6 +248,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Claims(args) => claims::run(&args, &cli.global, out),
         Command::Cleanup(args) => cleanup::run(&args, &cli.global, out),
         Command::Serve(args) => serve::run(&args, &cli.global),
+        Command::Probe(args) => probe::run(&args, &cli.global, out),
         Command::Demo(args) => demo::run(&args, out),
     }
 }

@@ -197,10 +197,16 @@ impl Daemon {
         status
     }
 
+    /// Send `signal` (a name `kill` takes: TERM, STOP, CONT); does not wait.
+    pub fn signal(&self, signal: &str) {
+        let status =
+            Command::new("kill").args([&format!("-{signal}"), &self.pid().to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill -{signal} {}: {status}", self.pid());
+    }
+
     /// SIGTERM, as the kubelet stops a pod; does not wait.
     pub fn sigterm(&self) {
-        let status = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().expect("run kill");
-        assert!(status.success(), "kill -TERM {}: {status}", self.pid());
+        self.signal("TERM");
     }
 
     /// SIGTERM, then its exit status.

@@ -259,6 +259,17 @@ impl NodeDir {
     pub fn serve(&self) -> Serve<'_> {
         Serve::new(self)
     }
+
+    /// `migdra probe` as the DaemonSet runs it against a [`Self::serve`] of this node: its
+    /// directories, and `POD_UID` when the daemon was given one.
+    pub fn probe(&self, pod_uid: Option<&str>) -> Command {
+        let mut cmd = self.command(&["probe"]);
+        cmd.arg("--plugin-dir").arg(self.plugin_dir()).arg("--registry-dir").arg(self.registry_dir());
+        if let Some(uid) = pod_uid {
+            cmd.env("POD_UID", uid);
+        }
+        cmd
+    }
 }
 
 /// (parent minor, profile ID, placement start, compute instances, GI ID) of one GPU instance.
