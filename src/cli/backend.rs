@@ -135,10 +135,10 @@ fn crash_points(engine: Engine) -> Result<Engine, CliError> {
     })?;
     Ok(engine.with_hook(Arc::new(move |s| {
         if s == step {
-            // SIGKILL from outside the process, as an OOM kill or node drain would: no
-            // unwinding, no destructors, no rollback. The signal lands while this thread
-            // waits for `kill` to exit, so at the step; abort if `kill` cannot run.
-            let _ = std::process::Command::new("kill").args(["-KILL", &std::process::id().to_string()]).status();
+            // SIGKILL, as an OOM kill or node drain would: no unwinding, no destructors, no
+            // rollback. The kernel delivers it before the call returns, so at the step; abort if
+            // it cannot be sent.
+            let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
             std::process::abort();
         }
     })))

@@ -209,8 +209,13 @@ fn day(args: &Args, dir: &Path, out: &mut dyn Write) -> CliResult {
     }
     writeln!(demo.out, "\nnode is empty again: {} MIG instances left", demo.instances()?)?;
     // SIGTERM, as the kubelet's pod shutdown would send.
-    let pid = daemon.0.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let pid = daemon.0.id();
+    rustix::process::Pid::from_raw(pid as i32)
+        .ok_or_else(|| fail(format!("the daemon has no valid pid ({pid})")))
+        .and_then(|p| {
+            rustix::process::kill_process(p, rustix::process::Signal::TERM)
+                .map_err(|e| fail(format!("SIGTERM to the daemon (pid {pid}): {e}")))
+        })?;
     let status = daemon.0.wait().map_err(|e| fail(e.to_string()))?;
     writeln!(demo.out, "daemon: SIGTERM → registration socket removed, exited with {status}")?;
     if !status.success() {
