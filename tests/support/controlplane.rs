@@ -210,18 +210,25 @@ impl ControlPlane {
     /// Start etcd, kube-apiserver (waits for `/readyz`), kube-scheduler and
     /// kube-controller-manager.
     pub async fn start() -> Self {
-        Self::start_from(None).await
+        Self::start_from(bin_dir(), None, None).await
+    }
+
+    /// [`Self::start`] with the four binaries of `bin` (another Kubernetes version, as the scale
+    /// benchmark compares them), and the scheduler's and controller manager's client limits
+    /// raised to `qps` (burst twice that): at their defaults (50 and 20 requests/s) the claim
+    /// controller, not the scheduler, would set the pace of a benchmark.
+    pub async fn start_in(bin: PathBuf, qps: u32) -> Self {
+        Self::start_from(bin, None, Some(qps)).await
     }
 
     /// Only etcd and the kube-apiserver found in `apiserver_dir` (another Kubernetes version);
     /// no scheduler or controller manager, which must not be newer than the API server.
     pub async fn start_apiserver_only(apiserver_dir: PathBuf) -> Self {
-        Self::start_from(Some(apiserver_dir)).await
+        Self::start_from(bin_dir(), Some(apiserver_dir), None).await
     }
 
-    async fn start_from(apiserver_dir: Option<PathBuf>) -> Self {
+    async fn start_from(bin: PathBuf, apiserver_dir: Option<PathBuf>, qps: Option<u32>) -> Self {
         let t0 = Instant::now();
-        let bin = bin_dir();
         let api_bin = apiserver_dir.clone().unwrap_or_else(|| bin.clone());
         let dir = tempfile::Builder::new().prefix("migdra-controlplane-").tempdir().unwrap();
         let d = dir.path().to_path_buf();
@@ -281,6 +288,9 @@ impl ControlPlane {
                 format!("--etcd-servers={client_url}"),
                 "--bind-address=127.0.0.1".into(),
                 "--advertise-address=127.0.0.1".into(),
+                // 1.37 refuses a loopback address for the `kubernetes` Service's endpoints, which
+                // no test uses (no pod runs here).
+                "--endpoint-reconciler-type=none".into(),
                 format!("--secure-port={api_port}"),
                 format!("--cert-dir={}", p("apiserver-certs")),
                 format!("--tls-cert-file={}", p("apiserver.crt")),
@@ -323,16 +333,23 @@ impl ControlPlane {
         }
         let kc = kubeconfig.display().to_string();
         let common = |port: u16| {
-            vec![
+            let mut args = vec![
                 format!("--kubeconfig={kc}"),
                 "--leader-elect=false".into(),
                 format!("--feature-gates={FEATURE_GATES}"),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={port}"),
                 "--v=2".into(),
-            ]
+            ];
+            if let Some(qps) = qps {
+                args.extend([format!("--kube-api-qps={qps}"), format!("--kube-api-burst={}", 2 * qps)]);
+            }
+            args
         };
-        cp.spawn("kube-scheduler", &bin, &common(free_port()));
+        // Its secure port (pprof, metrics) asks the API server who a token is and what it may do.
+        let mut scheduler = common(free_port());
+        scheduler.extend([format!("--authentication-kubeconfig={kc}"), format!("--authorization-kubeconfig={kc}")]);
+        cp.spawn("kube-scheduler", &bin, &scheduler);
         let mut kcm = common(free_port());
         kcm.extend([
             format!("--controllers={CONTROLLERS}"),
@@ -436,6 +453,24 @@ impl ControlPlane {
             out.push('\n');
         }
         out
+    }
+
+    /// The process ID of one component.
+    pub fn pid(&self, name: &str) -> u32 {
+        self.process(name).child.id()
+    }
+
+    /// The secure (HTTPS) port one component serves on: /metrics and /debug/pprof for the admin.
+    pub fn secure_port(&self, name: &str) -> u16 {
+        let p = self.process(name);
+        p.args
+            .iter()
+            .find_map(|a| a.strip_prefix("--secure-port=")?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} has no --secure-port"))
+    }
+
+    fn process(&self, name: &str) -> &Process {
+        self.processes.iter().find(|p| p.name == name).unwrap_or_else(|| panic!("no component {name}"))
     }
 
     /// The full log of one component.

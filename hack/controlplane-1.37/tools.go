@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools records, for `go mod tidy`, the commands built from this module.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
