@@ -1,0 +1,592 @@
+//! What a MIG pod costs the real kube-scheduler at cluster scale, against a whole-GPU pod and
+//! against NVIDIA's slice layout, measured in one run.
+//!
+//! For each control plane (one per Kubernetes version), node count and layout: a fresh control
+//! plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager; no kubelets), N Node
+//! objects, each publishing 8 H100-80GB as
+//! - `migdra`: exactly what `migdra slices --sim h100-80gb:8` prints (dynamic MIG, split layout);
+//! - `whole`: `migdra slices --sim h100-80gb:8:mig-off` (8 whole GPUs, no counters);
+//! - `nvidia`: NVIDIA's DynamicMIG layout rebuilt from its documented rules
+//!   (docs/facts/anchor-nvidia-dra.md §1): the whole GPU beside its partitions, 7 capacities and
+//!   their counters plus the memory slices, every GPU's counter set in one slice;
+//!
+//! then a seeded pod mix whose claims come from templates (60 % 1g.10gb, 20 % 2g.20gb, 10 %
+//! 3g.40gb, 10 % 7g.80gb; whole GPUs: one GPU each), all created at once. It prints pods/s,
+//! scheduler CPU per pod (from /proc), p50/p99 time from creation to bound, slice bytes per node,
+//! and each layout's CPU per pod as a ratio to the whole-GPU run.
+//!
+//! Run (by hand; not in CI):
+//!   cargo bench --bench scale -- --controlplanes DIR[,DIR] [--nodes 50,100,200] [--pods 300]
+//!       [--layouts migdra,whole,nvidia] [--seed N] [--stall 30s] [--profile 20s]
+//! DIR is a `hack/build-controlplane.sh` bin directory (it prints it), e.g.
+//! ~/.cache/migdra/controlplane-v1.36.3-etcd-v3.6.8/bin; default: MIGDRA_CONTROLPLANE_BIN.
+//! `--profile 20s` takes a CPU profile of the scheduler for 20 s of each run from its secure port
+//! and prints `go tool pprof -top` of it.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a bench prints its figures
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DynamicObject, PostParams, WatchEvent, WatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::cluster::{apply, create_node, repo};
+use support::command::{Run, migdra};
+use support::controlplane::ControlPlane;
+use support::rng::Rng;
+
+const NV_DRIVER: &str = "gpu.nvidia.com";
+/// The pod mix: (profile, weight in percent).
+const MIX: [(&str, usize); 4] = [("1g.10gb", 60), ("2g.20gb", 20), ("3g.40gb", 10), ("7g.80gb", 10)];
+const NAMESPACE: &str = "default";
+/// Pods and slices created at once.
+const IN_FLIGHT: usize = 16;
+/// The scheduler's and claim controller's client limit (requests/s), far above what they use.
+const CLIENT_QPS: u32 = 1000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Migdra,
+    Whole,
+    Nvidia,
+}
+
+impl Layout {
+    fn parse(s: &str) -> Self {
+        match s {
+            "migdra" => Self::Migdra,
+            "whole" => Self::Whole,
+            "nvidia" => Self::Nvidia,
+            _ => panic!("--layouts: {s:?} is not a layout; expected migdra, whole or nvidia"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Migdra => "migdra",
+            Self::Whole => "whole",
+            Self::Nvidia => "nvidia",
+        }
+    }
+}
+
+struct Opts {
+    controlplanes: Vec<PathBuf>,
+    nodes: Vec<usize>,
+    pods: usize,
+    layouts: Vec<Layout>,
+    seed: u64,
+    stall: Duration,
+    profile: Option<Duration>,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        controlplanes: std::env::var_os("MIGDRA_CONTROLPLANE_BIN").map(PathBuf::from).into_iter().collect(),
+        nodes: vec![50],
+        pods: 300,
+        layouts: vec![Layout::Migdra, Layout::Whole, Layout::Nvidia],
+        seed: 1,
+        stall: Duration::from_secs(30),
+        profile: None,
+    };
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let mut it = args.iter();
+    let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
+    let duration = |v: &str| migdra::duration::parse(v).unwrap_or_else(|e| panic!("{e}"));
+    while let Some(a) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{a} needs a value")).clone();
+        match a.as_str() {
+            "--controlplanes" => o.controlplanes = list(&value()).into_iter().map(PathBuf::from).collect(),
+            "--nodes" => o.nodes = list(&value()).iter().map(|n| n.parse().expect("--nodes: numbers")).collect(),
+            "--pods" => o.pods = value().parse().expect("--pods: a number"),
+            "--layouts" => o.layouts = list(&value()).iter().map(|l| Layout::parse(l)).collect(),
+            "--seed" => o.seed = value().parse().expect("--seed: a number"),
+            "--stall" => o.stall = duration(&value()),
+            "--profile" => o.profile = Some(duration(&value())),
+            other => panic!("unknown flag {other}; see the comment at the top of benches/scale.rs"),
+        }
+    }
+    assert!(!o.controlplanes.is_empty(), "name a control plane: --controlplanes DIR or MIGDRA_CONTROLPLANE_BIN");
+    o
+}
+
+/// One run's figures.
+struct Figures {
+    version: String,
+    nodes: usize,
+    layout: Layout,
+    pods: usize,
+    bound: usize,
+    took: Duration,
+    cpu: Duration,
+    p50: Duration,
+    p99: Duration,
+    slice_bytes: usize,
+    fill: f64,
+}
+
+impl Figures {
+    fn cpu_per_pod(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1000.0 / self.bound.max(1) as f64
+    }
+}
+
+fn main() {
+    let o = opts();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut all = Vec::new();
+    for bin in &o.controlplanes {
+        for &n in &o.nodes {
+            for &layout in &o.layouts {
+                let f = runtime.block_on(run(&o, bin.clone(), n, layout));
+                println!(
+                    "  {} N={n} {}: {}/{} pods bound ({:.0} % full) in {:.1} s = {:.2} pods/s; scheduler CPU {:.1} ms/pod; \
+                     bound after p50 {} ms, p99 {} ms; {} KB of slices per node",
+                    f.version,
+                    layout.name(),
+                    f.bound,
+                    f.pods,
+                    f.fill * 100.0,
+                    f.took.as_secs_f64(),
+                    f.bound as f64 / f.took.as_secs_f64(),
+                    f.cpu_per_pod(),
+                    f.p50.as_millis(),
+                    f.p99.as_millis(),
+                    f.slice_bytes / 1000
+                );
+                all.push(f);
+            }
+        }
+    }
+    summary(&all);
+}
+
+/// The table, and CPU per pod as a ratio to the whole-GPU run of the same version and N.
+fn summary(all: &[Figures]) {
+    println!(
+        "\n| version | N | layout | pods bound | pods/s | scheduler CPU per pod | × whole GPU | p50 / p99 to bound | slices per node |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for f in all {
+        let whole = all
+            .iter()
+            .find(|w| w.layout == Layout::Whole && w.version == f.version && w.nodes == f.nodes)
+            .map(Figures::cpu_per_pod);
+        println!(
+            "| {} | {} | {} | {}/{} | {:.2} | {:.1} ms | {} | {} / {} ms | {} KB |",
+            f.version,
+            f.nodes,
+            f.layout.name(),
+            f.bound,
+            f.pods,
+            f.bound as f64 / f.took.as_secs_f64(),
+            f.cpu_per_pod(),
+            whole.map_or("—".into(), |w| format!("{:.1}", f.cpu_per_pod() / w)),
+            f.p50.as_millis(),
+            f.p99.as_millis(),
+            f.slice_bytes / 1000
+        );
+    }
+    for f in all.iter().filter(|f| f.layout == Layout::Nvidia) {
+        if let Some(m) = all.iter().find(|m| m.layout == Layout::Migdra && m.version == f.version && m.nodes == f.nodes)
+        {
+            println!(
+                "{} N={}: NVIDIA's layout costs {:.2}× migdra's scheduler CPU per pod",
+                f.version,
+                f.nodes,
+                f.cpu_per_pod() / m.cpu_per_pod()
+            );
+        }
+    }
+}
+
+async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
+    let cp = ControlPlane::start_in(bin, CLIENT_QPS).await;
+    let version = cp.versions.apiserver.clone();
+    eprintln!("{version} N={n} {}: control plane up in {:.1?}", layout.name(), cp.startup);
+    let client = cp.client().await;
+    let nodes: Vec<String> = (0..n).map(|i| format!("node-{i:04}")).collect();
+    futures_util::stream::iter(nodes.iter().map(|name| create_node(&client, name)))
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+
+    classes_and_templates(&client, layout).await;
+    let slice_api = slices_api(&client);
+    let mut slice_bytes = 0;
+    let mut gpus = 0;
+    for node in &nodes {
+        let slices = node_slices(node, layout);
+        slice_bytes = serde_json::to_vec(&slices).unwrap().len();
+        gpus += 8;
+        futures_util::stream::iter(slices.into_iter().map(|s| {
+            let api = slice_api.clone();
+            async move {
+                let obj: DynamicObject = serde_json::from_value(s).unwrap();
+                api.create(&PostParams::default(), &obj).await.unwrap_or_else(|e| panic!("create a slice: {e}"))
+            }
+        }))
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    }
+    // Let the scheduler's informers take every slice in before the clock starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let mut rng = Rng(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let wanted: Vec<&str> = (0..o.pods)
+        .map(|_| {
+            if layout == Layout::Whole {
+                return "gpu";
+            }
+            let mut r = rng.below(100);
+            MIX.iter().find(|(_, w)| r < *w || (r -= *w, false).1).map_or("1g.10gb", |(p, _)| p)
+        })
+        .collect();
+    let slices_wanted: usize = wanted.iter().map(|p| memory_slices(p)).sum();
+    let fill = slices_wanted as f64 / (gpus * 8) as f64;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let bound_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watcher = tokio::spawn(watch_bound(pods.clone(), bound_at.clone()));
+    let scheduler = cp.pid("kube-scheduler");
+    let cpu0 = cpu_time(scheduler);
+    let profile =
+        o.profile.map(|d| tokio::spawn(profile(cp.kubeconfig().to_path_buf(), cp.secure_port("kube-scheduler"), d)));
+    let t0 = Instant::now();
+    let created: Vec<(String, Instant)> = futures_util::stream::iter(wanted.iter().enumerate().map(|(i, p)| {
+        let pods = pods.clone();
+        async move {
+            let name = format!("p-{i:05}");
+            let pod: Pod = serde_json::from_value(pod(&name, &template_name(p))).unwrap();
+            pods.create(&PostParams::default(), &pod).await.unwrap_or_else(|e| panic!("create {name}: {e}"));
+            (name, Instant::now())
+        }
+    }))
+    .buffer_unordered(IN_FLIGHT)
+    .collect()
+    .await;
+
+    // Until every pod is bound, or none was for --stall.
+    let (mut last_count, mut last_change) = (0, Instant::now());
+    loop {
+        let count = bound_at.lock().unwrap().len();
+        if count == o.pods {
+            break;
+        }
+        if count != last_count {
+            (last_count, last_change) = (count, Instant::now());
+        } else if last_change.elapsed() > o.stall {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cpu = cpu_time(scheduler) - cpu0;
+    watcher.abort();
+    let bound_at = bound_at.lock().unwrap().clone();
+    let last = bound_at.values().max().copied().unwrap_or(t0);
+    let mut latencies: Vec<Duration> =
+        created.iter().filter_map(|(name, at)| bound_at.get(name).map(|b| b.saturating_duration_since(*at))).collect();
+    latencies.sort();
+    let pct = |q: f64| latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)));
+    if let Some(p) = profile {
+        match p.await.unwrap() {
+            Ok(top) => println!("  scheduler CPU profile, {version} N={n} {}:\n{top}", layout.name()),
+            Err(e) => eprintln!("  no profile: {e}"),
+        }
+    }
+    Figures {
+        version,
+        nodes: n,
+        layout,
+        pods: o.pods,
+        bound: bound_at.len(),
+        took: last.saturating_duration_since(t0).max(Duration::from_millis(1)),
+        cpu,
+        p50: pct(0.5).copied().unwrap_or_default(),
+        p99: pct(0.99).copied().unwrap_or_default(),
+        slice_bytes,
+        fill,
+    }
+}
+
+fn memory_slices(profile: &str) -> usize {
+    match profile {
+        "1g.10gb" => 1,
+        "2g.20gb" => 2,
+        "3g.40gb" => 4,
+        _ => 8,
+    }
+}
+
+fn template_name(profile: &str) -> String {
+    format!("t-{}", profile.replace('.', "-"))
+}
+
+fn pod(name: &str, template: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        }
+    })
+}
+
+/// Record when each pod first has a node.
+async fn watch_bound(pods: Api<Pod>, bound_at: Arc<Mutex<HashMap<String, Instant>>>) {
+    let mut version = "0".to_string();
+    loop {
+        let Ok(stream) = pods.watch(&WatchParams::default().timeout(290), &version).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut stream = stream.boxed();
+        while let Ok(Some(event)) = stream.try_next().await {
+            let pod = match event {
+                WatchEvent::Added(p) | WatchEvent::Modified(p) => p,
+                WatchEvent::Bookmark(b) => {
+                    version = b.metadata.resource_version;
+                    continue;
+                }
+                _ => continue,
+            };
+            if let Some(v) = &pod.metadata.resource_version {
+                version.clone_from(v);
+            }
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                let name = pod.metadata.name.unwrap_or_default();
+                bound_at.lock().unwrap().entry(name).or_insert_with(Instant::now);
+            }
+        }
+    }
+}
+
+/// utime + stime of a process.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz: u64 = std::process::Command::new("getconf").arg("CLK_TCK").ok().trim().parse().unwrap_or(100);
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+fn slices_api(client: &kube::Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+async fn classes_and_templates(client: &kube::Client, layout: Layout) {
+    let ns = NAMESPACE;
+    let mut docs = Vec::new();
+    let class = match layout {
+        Layout::Migdra | Layout::Whole => {
+            apply(client, &repo().join("daemonset/base/deviceclasses.yaml"), ns).await;
+            "mig"
+        }
+        Layout::Nvidia => {
+            docs.push(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nv-mig"},
+                "spec": {"selectors": [{"cel": {"expression": format!(
+                    "device.driver == '{NV_DRIVER}' && device.attributes['{NV_DRIVER}'].type == 'mig'")}}]}
+            }));
+            "nv-mig"
+        }
+    };
+    let selector = |p: &str| match layout {
+        Layout::Nvidia => format!("device.attributes['{NV_DRIVER}'].profile == '{p}'"),
+        _ => format!("device.attributes[\"{}\"].profile == \"{p}\"", support::DRIVER),
+    };
+    for (p, _) in MIX {
+        docs.push(template(&template_name(p), class, Some(&selector(p))));
+    }
+    docs.push(template(&template_name("gpu"), "gpu", None));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("objects.yaml");
+    let text: Vec<String> = docs.iter().map(|d| serde_json::to_string(d).unwrap()).collect();
+    std::fs::write(&file, text.join("\n---\n")).unwrap();
+    apply(client, &file, ns).await;
+}
+
+fn template(name: &str, class: &str, selector: Option<&str>) -> Value {
+    let mut exactly = json!({"deviceClassName": class, "allocationMode": "ExactCount", "count": 1});
+    if let Some(cel) = selector {
+        exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+    })
+}
+
+/// The slices one node publishes in this layout.
+fn node_slices(node: &str, layout: Layout) -> Vec<Value> {
+    let sim = if layout == Layout::Whole { "h100-80gb:8:mig-off" } else { "h100-80gb:8" };
+    let out = migdra().args(["slices", "--sim", sim, "--node-name", node, "-o", "json"]).ok();
+    let items = serde_json::from_str::<Value>(&out).unwrap()["items"].as_array().unwrap().clone();
+    match layout {
+        Layout::Migdra | Layout::Whole => items,
+        Layout::Nvidia => nvidia_slices(node, &items),
+    }
+}
+
+/// NVIDIA's DynamicMIG layout of the same GPUs (docs/facts/anchor-nvidia-dra.md §1.2–§1.6): per
+/// GPU a counter set `gpu-<minor>-counter-set` with the 7 capacity maxima and the memory slices,
+/// the whole GPU consuming all of it beside every partition consuming its profile's 7 values and
+/// its memory slices; NVIDIA's attribute set; split layout, every counter set in the first slice,
+/// then one slice per GPU with its devices sorted by name.
+fn nvidia_slices(node: &str, migdra_items: &[Value]) -> Vec<Value> {
+    let attr = |d: &Value, k: &str| d["attributes"][k].clone();
+    let mut sets = Vec::new();
+    let mut per_gpu: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
+    for item in migdra_items {
+        for set in item["spec"]["sharedCounters"].as_array().into_iter().flatten() {
+            let minor = minor_of(set["name"].as_str().unwrap());
+            sets.push(json!({"name": format!("gpu-{minor}-counter-set"), "counters": set["counters"]}));
+        }
+        for d in item["spec"]["devices"].as_array().into_iter().flatten() {
+            let minor = attr(d, "minor")["int"].as_u64().unwrap();
+            let common = [
+                ("productName", attr(d, "productName")),
+                ("brand", json!({"string": "Nvidia"})),
+                ("architecture", attr(d, "architecture")),
+                ("cudaComputeCapability", attr(d, "cudaComputeCapability")),
+                ("driverVersion", attr(d, "driverVersion")),
+                ("cudaDriverVersion", json!({"version": "13.0.0"})),
+                ("addressingMode", json!({"string": "None"})),
+                ("resource.kubernetes.io/pciBusID", attr(d, "resource.kubernetes.io/pciBusID")),
+                ("resource.kubernetes.io/pcieRoot", json!({"string": "pci0000:00"})),
+            ];
+            let mut attributes: serde_json::Map<String, Value> =
+                common.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            attributes.insert("type".into(), json!({"string": "mig"}));
+            attributes.insert("parentUUID".into(), attr(d, "parentUUID"));
+            attributes.insert("profile".into(), attr(d, "profile"));
+            let capacity = d["capacity"].clone();
+            let mut counters: serde_json::Map<String, Value> =
+                capacity.as_object().unwrap().iter().map(|(k, v)| (dns_name(k), v.clone())).collect();
+            let start = attr(d, "placementStart")["int"].as_u64().unwrap();
+            let size = attr(d, "placementSize")["int"].as_u64().unwrap();
+            for k in start..start + size {
+                counters.insert(format!("memory-slice-{k}"), json!({"value": "1"}));
+            }
+            per_gpu.entry(minor).or_default().push(json!({
+                "name": d["name"],
+                "attributes": attributes,
+                "capacity": capacity,
+                "consumesCounters": [{"counterSet": format!("gpu-{minor}-counter-set"), "counters": counters}],
+            }));
+        }
+    }
+    // The whole GPU beside its partitions: the largest value of each capacity, consuming all.
+    for set in &sets {
+        let name = set["name"].as_str().unwrap();
+        let minor = minor_of(name);
+        let devices = per_gpu.get_mut(&minor).unwrap();
+        let first = devices[0].clone();
+        let mut capacity = serde_json::Map::new();
+        for d in devices.iter() {
+            for (k, v) in d["capacity"].as_object().unwrap() {
+                let bigger = capacity.get(k).is_none_or(|c: &Value| quantity(v) > quantity(c));
+                if bigger {
+                    capacity.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let mut attributes = first["attributes"].as_object().unwrap().clone();
+        attributes.remove("profile");
+        let uuid = attributes.remove("parentUUID").unwrap();
+        attributes.insert("uuid".into(), uuid);
+        attributes.insert("type".into(), json!({"string": "gpu"}));
+        devices.push(json!({
+            "name": format!("gpu-{minor}"),
+            "attributes": attributes,
+            "capacity": capacity,
+            "consumesCounters": [{"counterSet": name, "counters": set["counters"]}],
+        }));
+    }
+    let count = per_gpu.len() + 1;
+    let slice = |i: usize, spec: Value| {
+        let mut spec = spec;
+        spec["driver"] = json!(NV_DRIVER);
+        spec["nodeName"] = json!(node);
+        spec["pool"] = json!({"name": node, "generation": 1, "resourceSliceCount": count});
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+               "metadata": {"name": format!("{node}-gpu.nvidia.com-{i}")}, "spec": spec})
+    };
+    let mut out = vec![slice(0, json!({"sharedCounters": sets}))];
+    for (i, (_, mut devices)) in per_gpu.into_iter().enumerate() {
+        devices.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        out.push(slice(i + 1, json!({"devices": devices})));
+    }
+    out
+}
+
+fn minor_of(counter_set: &str) -> u64 {
+    counter_set.trim_start_matches("gpu-").split('-').next().unwrap().parse().unwrap()
+}
+
+/// camelCase capacity name → NVIDIA's counter name (`copyEngines` → `copy-engines`).
+fn dns_name(capacity: &str) -> String {
+    let mut out = String::new();
+    for c in capacity.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('-');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A capacity's `value` (`9856Mi` or `16`) as a number, to take maxima.
+fn quantity(v: &Value) -> u64 {
+    let s = v["value"].as_str().unwrap();
+    match s.strip_suffix("Mi") {
+        Some(n) => n.parse::<u64>().unwrap() << 20,
+        None => s.parse().unwrap(),
+    }
+}
+
+/// `go tool pprof -top` of a CPU profile of the scheduler taken from its secure port.
+async fn profile(kubeconfig: PathBuf, port: u16, seconds: Duration) -> Result<String, String> {
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).map_err(|e| e.to_string())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    config.cluster_url = format!("https://127.0.0.1:{port}").parse().unwrap();
+    config.accept_invalid_certs = true;
+    config.root_cert = None;
+    let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+    let request =
+        http::Request::get(format!("/debug/pprof/profile?seconds={}", seconds.as_secs())).body(Vec::new()).unwrap();
+    let response = client.send(request.map(kube::client::Body::from)).await.map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("GET /debug/pprof/profile on port {port}: {}", response.status()));
+    }
+    let bytes = http_body_util::BodyExt::collect(response.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
+    let file = std::env::temp_dir().join(format!("migdra-scheduler-{port}.pprof"));
+    std::fs::write(&file, &bytes).map_err(|e| e.to_string())?;
+    let top = |extra: &[&str]| {
+        std::process::Command::new("go")
+            .args(["tool", "pprof", "-top", "-nodecount=25"])
+            .args(extra)
+            .arg(&file)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .map_err(|e| e.to_string())
+    };
+    Ok(format!("profile: {}\n-- flat --\n{}\n-- cumulative --\n{}", file.display(), top(&[])?, top(&["-cum"])?))
+}
