@@ -375,15 +375,7 @@ fn values_render_what_migdra_reads() {
     let c = &pod["containers"][0];
     let env: BTreeMap<&str, &str> =
         c["env"].as_array().unwrap().iter().filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?))).collect();
-    let known = {
-        fn walk(cmd: &clap::Command, out: &mut BTreeSet<String>) {
-            out.extend(cmd.get_arguments().filter_map(|a| a.get_env()).map(|e| e.to_string_lossy().into_owned()));
-            cmd.get_subcommands().for_each(|s| walk(s, out));
-        }
-        let mut out = BTreeSet::new();
-        walk(&migdra::cli::Cli::command(), &mut out);
-        out
-    };
+    let known = render::cli_env();
     for name in env.keys().filter(|n| n.starts_with("MIGDRA_")) {
         assert!(known.contains(*name), "{name}: no migdra flag reads it");
     }

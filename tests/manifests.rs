@@ -908,17 +908,6 @@ fn api_calls_list_what_the_source_calls() {
 
 // === the DaemonSet against the code ===
 
-/// Every environment variable some `migdra` flag reads.
-fn cli_env() -> BTreeSet<String> {
-    fn walk(cmd: &clap::Command, out: &mut BTreeSet<String>) {
-        out.extend(cmd.get_arguments().filter_map(|a| a.get_env()).map(|e| e.to_string_lossy().into_owned()));
-        cmd.get_subcommands().for_each(|s| walk(s, out));
-    }
-    let mut out = BTreeSet::new();
-    walk(&migdra::cli::Cli::command(), &mut out);
-    out
-}
-
 /// The DaemonSet runs `migdra serve` the way the code expects: probes on the sockets the code
 /// binds, the downward API for NODE_NAME and POD_UID, the kubelet's directories at their own
 /// paths, the service account the RBAC binds and the admission policy names, a seamless rolling
@@ -954,7 +943,7 @@ fn daemonset_runs_migdra_as_the_code_expects() {
     };
     assert_eq!(field("NODE_NAME"), Some("spec.nodeName"));
     assert_eq!(field("POD_UID"), Some("metadata.uid"));
-    let known = cli_env();
+    let known = render::cli_env();
     for name in env.keys().filter(|n| n.starts_with("MIGDRA_")) {
         assert!(known.contains(*name), "{name}: no migdra flag reads it (known: {known:?})");
     }

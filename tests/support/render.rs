@@ -155,3 +155,15 @@ pub fn documents(source: &str, text: &str) -> Vec<Value> {
         .filter(|v| !v.is_null())
         .collect()
 }
+
+/// Every environment variable some `migdra` flag reads (each flag's environment twin): the
+/// `MIGDRA_*` variables a render may set.
+pub fn cli_env() -> std::collections::BTreeSet<String> {
+    fn walk(cmd: &clap::Command, out: &mut std::collections::BTreeSet<String>) {
+        out.extend(cmd.get_arguments().filter_map(|a| a.get_env()).map(|e| e.to_string_lossy().into_owned()));
+        cmd.get_subcommands().for_each(|s| walk(s, out));
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(&<migdra::cli::Cli as clap::CommandFactory>::command(), &mut out);
+    out
+}
