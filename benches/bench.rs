@@ -446,8 +446,19 @@ fn sixteen_h100s() -> Vec<GpuSlices> {
             };
             GpuSlices {
                 minor: i,
-                counter_set: Some((counters::counter_set_name(i), counters::capacity(m))),
-                devices: gpu_devices(m, &gpu, GpuMode::Dynamic, false, &[], migdra::mig::naming::NameStyle::Minor),
+                counter_set: Some((
+                    counters::counter_set_name(i),
+                    counters::CounterSet::for_model(m).capacity().clone(),
+                )),
+                devices: gpu_devices(
+                    m,
+                    &gpu,
+                    GpuMode::Dynamic,
+                    false,
+                    &[],
+                    migdra::mig::naming::NameStyle::Minor,
+                    &migdra::mig::allowlist::Allowlist::all(),
+                ),
             }
         })
         .collect()

@@ -9,6 +9,10 @@
 //! - `nvidia`: NVIDIA's DynamicMIG layout rebuilt from its documented rules
 //!   (docs/facts/anchor-nvidia-dra.md §1): the whole GPU beside its partitions, 7 capacities and
 //!   their counters plus the memory slices, every GPU's counter set in one slice;
+//! - `migdra-wide`: migdra's devices with every resource counted (7 capacities and all 8 memory
+//!   slices, as migdra published before its counter sets were made minimal);
+//! - `migdra-allowlist`: `migdra slices … --profiles` with the pod mix's four profiles;
+//! - `migdra-lean`: migdra without 8 attributes every partition of a GPU repeats;
 //!
 //! then a seeded pod mix whose claims come from templates (60 % 1g.10gb, 20 % 2g.20gb, 10 %
 //! 3g.40gb, 10 % 7g.80gb; whole GPUs: one GPU each), all created at once. It prints pods/s,
@@ -17,7 +21,8 @@
 //!
 //! Run (by hand; not in CI):
 //!   cargo bench --bench scale -- --controlplanes DIR[,DIR] [--nodes 50,100,200] [--pods 300]
-//!       [--layouts migdra,whole,nvidia] [--seed N] [--stall 30s] [--profile 20s]
+//!       [--layouts migdra,migdra-wide,migdra-allowlist,migdra-lean,whole,nvidia] [--seed N] [--stall 30s]
+//!       [--profile 20s]
 //! DIR is a `hack/build-controlplane.sh` bin directory (it prints it), e.g.
 //! ~/.cache/migdra/controlplane-v1.36.3-etcd-v3.6.8/bin; default: MIGDRA_CONTROLPLANE_BIN.
 //! `--profile 20s` takes a CPU profile of the scheduler for 20 s of each run from its secure port
@@ -54,27 +59,42 @@ const CLIENT_QPS: u32 = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Layout {
+    /// What migdra publishes by default.
     Migdra,
+    /// migdra's devices with every resource counted, as it published before its counter sets
+    /// were made minimal.
+    MigdraWide,
+    /// migdra with `--profiles` set to the pod mix's profiles.
+    MigdraAllowlist,
+    /// migdra without the attributes every partition of a GPU repeats ([`LEAN_DROPS`]).
+    MigdraLean,
     Whole,
     Nvidia,
 }
 
+const LAYOUTS: [(&str, Layout); 6] = [
+    ("migdra", Layout::Migdra),
+    ("migdra-wide", Layout::MigdraWide),
+    ("migdra-allowlist", Layout::MigdraAllowlist),
+    ("migdra-lean", Layout::MigdraLean),
+    ("whole", Layout::Whole),
+    ("nvidia", Layout::Nvidia),
+];
+
 impl Layout {
     fn parse(s: &str) -> Self {
-        match s {
-            "migdra" => Self::Migdra,
-            "whole" => Self::Whole,
-            "nvidia" => Self::Nvidia,
-            _ => panic!("--layouts: {s:?} is not a layout; expected migdra, whole or nvidia"),
-        }
+        LAYOUTS.iter().find(|(n, _)| *n == s).map(|(_, l)| *l).unwrap_or_else(|| {
+            let names: Vec<&str> = LAYOUTS.iter().map(|(n, _)| *n).collect();
+            panic!("--layouts: {s:?} is not a layout; expected one of {}", names.join(", "))
+        })
     }
 
     fn name(self) -> &'static str {
-        match self {
-            Self::Migdra => "migdra",
-            Self::Whole => "whole",
-            Self::Nvidia => "nvidia",
-        }
+        LAYOUTS.iter().find(|(_, l)| *l == self).map(|(n, _)| *n).unwrap()
+    }
+
+    fn is_migdra_mig(self) -> bool {
+        matches!(self, Self::Migdra | Self::MigdraWide | Self::MigdraAllowlist | Self::MigdraLean)
     }
 }
 
@@ -93,7 +113,7 @@ fn opts() -> Opts {
         controlplanes: std::env::var_os("MIGDRA_CONTROLPLANE_BIN").map(PathBuf::from).into_iter().collect(),
         nodes: vec![50],
         pods: 300,
-        layouts: vec![Layout::Migdra, Layout::Whole, Layout::Nvidia],
+        layouts: vec![Layout::Migdra, Layout::MigdraWide, Layout::MigdraAllowlist, Layout::Whole, Layout::Nvidia],
         seed: 1,
         stall: Duration::from_secs(30),
         profile: None,
@@ -168,6 +188,48 @@ fn main() {
         }
     }
     summary(&all);
+    goals(&all);
+}
+
+/// Issue 19's goals, each beside its figure from this run (where this run has the case).
+fn goals(all: &[Figures]) {
+    let verdict = |ok: bool| if ok { "met" } else { "missed" };
+    let find = |version: &str, n: usize, layout: Layout| {
+        all.iter().find(|f| f.version.starts_with(version) && f.nodes == n && f.layout == layout)
+    };
+    let migdra = || LAYOUTS.iter().filter(|(_, l)| l.is_migdra_mig());
+    println!("\ngoals (scheduler CPU per MIG pod):");
+    for (version, target) in [("v1.36", 120.0), ("v1.37", 25.0)] {
+        for &(name, layout) in migdra() {
+            if let Some(f) = find(version, 50, layout) {
+                let cpu = f.cpu_per_pod();
+                println!(
+                    "  {version} N=50, {} pods, {name}: {cpu:.1} ms, target <= {target} ms: {}",
+                    f.pods,
+                    verdict(cpu <= target)
+                );
+            }
+        }
+    }
+    for &(name, layout) in migdra() {
+        if let (Some(a), Some(b)) = (find("v1.37", 50, layout), find("v1.37", 200, layout)) {
+            let r = b.cpu_per_pod() / a.cpu_per_pod();
+            println!("  v1.37 N=200 / N=50, {name}: {r:.2}x, target flat (<= 1.25x): {}", verdict(r <= 1.25));
+        }
+    }
+    for nv in all.iter().filter(|f| f.layout == Layout::Nvidia) {
+        for &(name, layout) in migdra() {
+            if let Some(m) = all.iter().find(|m| m.layout == layout && m.version == nv.version && m.nodes == nv.nodes) {
+                let r = nv.cpu_per_pod() / m.cpu_per_pod();
+                println!(
+                    "  {} N={}: NVIDIA's layout / {name}: {r:.2}x, target >= 3x: {}",
+                    nv.version,
+                    nv.nodes,
+                    verdict(r >= 3.0)
+                );
+            }
+        }
+    }
 }
 
 /// The table, and CPU per pod as a ratio to the whole-GPU run of the same version and N.
@@ -195,17 +257,6 @@ fn summary(all: &[Figures]) {
             f.p99.as_millis(),
             f.slice_bytes / 1000
         );
-    }
-    for f in all.iter().filter(|f| f.layout == Layout::Nvidia) {
-        if let Some(m) = all.iter().find(|m| m.layout == Layout::Migdra && m.version == f.version && m.nodes == f.nodes)
-        {
-            println!(
-                "{} N={}: NVIDIA's layout costs {:.2}× migdra's scheduler CPU per pod",
-                f.version,
-                f.nodes,
-                f.cpu_per_pod() / m.cpu_per_pod()
-            );
-        }
     }
 }
 
@@ -390,7 +441,7 @@ async fn classes_and_templates(client: &kube::Client, layout: Layout) {
     let ns = NAMESPACE;
     let mut docs = Vec::new();
     let class = match layout {
-        Layout::Migdra | Layout::Whole => {
+        Layout::Migdra | Layout::MigdraWide | Layout::MigdraAllowlist | Layout::MigdraLean | Layout::Whole => {
             apply(client, &repo().join("daemonset/base/deviceclasses.yaml"), ns).await;
             "mig"
         }
@@ -433,12 +484,99 @@ fn template(name: &str, class: &str, selector: Option<&str>) -> Value {
 /// The slices one node publishes in this layout.
 fn node_slices(node: &str, layout: Layout) -> Vec<Value> {
     let sim = if layout == Layout::Whole { "h100-80gb:8:mig-off" } else { "h100-80gb:8" };
-    let out = migdra().args(["slices", "--sim", sim, "--node-name", node, "-o", "json"]).ok();
+    let mut args = vec!["slices", "--sim", sim, "--node-name", node, "-o", "json"];
+    let allowlist: Vec<&str> = MIX.iter().map(|(p, _)| *p).collect();
+    let allowlist = allowlist.join(",");
+    if layout == Layout::MigdraAllowlist {
+        args.extend(["--profiles", &allowlist]);
+    }
+    let out = migdra().args(&args).ok();
     let items = serde_json::from_str::<Value>(&out).unwrap()["items"].as_array().unwrap().clone();
     match layout {
-        Layout::Migdra | Layout::Whole => items,
+        Layout::Migdra | Layout::MigdraAllowlist | Layout::Whole => items,
+        Layout::MigdraWide => wide_slices(&items),
+        Layout::MigdraLean => {
+            let mut items = items;
+            for d in items.iter_mut().flat_map(|i| i["spec"]["devices"].as_array_mut().into_iter().flatten()) {
+                let attributes = d["attributes"].as_object_mut().unwrap();
+                attributes.retain(|k, _| !LEAN_DROPS.contains(&k.as_str()));
+            }
+            items
+        }
         Layout::Nvidia => nvidia_slices(node, &items),
     }
+}
+
+/// The attributes [`Layout::MigdraLean`] leaves out: the same on every partition of a GPU (or,
+/// for `memorySlices`, equal to `placementSize`); 11 of a partition's 19 remain.
+const LEAN_DROPS: [&str; 8] = [
+    "productName",
+    "minor",
+    "slurmGpuIndexSource",
+    "migMode",
+    "architecture",
+    "cudaComputeCapability",
+    "driverVersion",
+    "memorySlices",
+];
+
+/// Every resource of a GPU as counters, from its partitions' capacities: for each capacity the
+/// largest value (the 7g's), and every memory slice.
+fn wide_set(partitions: &[&Value]) -> serde_json::Map<String, Value> {
+    let mut set = serde_json::Map::new();
+    for d in partitions {
+        for (k, v) in d["capacity"].as_object().unwrap() {
+            if set.get(&dns_name(k)).is_none_or(|c: &Value| quantity(v) > quantity(c)) {
+                set.insert(dns_name(k), v.clone());
+            }
+        }
+        for k in memory_slices_of(d) {
+            set.insert(format!("memory-slice-{k}"), json!({"value": "1"}));
+        }
+    }
+    set
+}
+
+/// What a partition consumes of [`wide_set`]: its capacities (zeros left out, as migdra did)
+/// and its memory slices.
+fn wide_consumption(d: &Value, zeros: bool) -> serde_json::Map<String, Value> {
+    let mut counters: serde_json::Map<String, Value> = d["capacity"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| zeros || quantity(v) > 0)
+        .map(|(k, v)| (dns_name(k), v.clone()))
+        .collect();
+    for k in memory_slices_of(d) {
+        counters.insert(format!("memory-slice-{k}"), json!({"value": "1"}));
+    }
+    counters
+}
+
+fn memory_slices_of(d: &Value) -> std::ops::Range<u64> {
+    let int = |k: &str| d["attributes"][k]["int"].as_u64().unwrap();
+    let start = int("placementStart");
+    start..start + int("placementSize")
+}
+
+/// migdra's slices with every resource counted ([`Layout::MigdraWide`]).
+fn wide_slices(items: &[Value]) -> Vec<Value> {
+    let mut by_set: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for d in items.iter().flat_map(|i| i["spec"]["devices"].as_array().into_iter().flatten()) {
+        let set = d["consumesCounters"][0]["counterSet"].as_str().unwrap().to_string();
+        by_set.entry(set).or_default().push(d.clone());
+    }
+    let mut out = items.to_vec();
+    for item in &mut out {
+        for d in item["spec"]["devices"].as_array_mut().into_iter().flatten() {
+            d["consumesCounters"][0]["counters"] = Value::Object(wide_consumption(d, false));
+        }
+        for set in item["spec"]["sharedCounters"].as_array_mut().into_iter().flatten() {
+            let devices: Vec<&Value> = by_set[set["name"].as_str().unwrap()].iter().collect();
+            set["counters"] = Value::Object(wide_set(&devices));
+        }
+    }
+    out
 }
 
 /// NVIDIA's DynamicMIG layout of the same GPUs (docs/facts/anchor-nvidia-dra.md §1.2–§1.6): per
@@ -450,11 +588,14 @@ fn nvidia_slices(node: &str, migdra_items: &[Value]) -> Vec<Value> {
     let attr = |d: &Value, k: &str| d["attributes"][k].clone();
     let mut sets = Vec::new();
     let mut per_gpu: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
-    for item in migdra_items {
+    let wide = wide_slices(migdra_items);
+    for item in &wide {
         for set in item["spec"]["sharedCounters"].as_array().into_iter().flatten() {
             let minor = minor_of(set["name"].as_str().unwrap());
             sets.push(json!({"name": format!("gpu-{minor}-counter-set"), "counters": set["counters"]}));
         }
+    }
+    for item in migdra_items {
         for d in item["spec"]["devices"].as_array().into_iter().flatten() {
             let minor = attr(d, "minor")["int"].as_u64().unwrap();
             let common = [
@@ -474,13 +615,7 @@ fn nvidia_slices(node: &str, migdra_items: &[Value]) -> Vec<Value> {
             attributes.insert("parentUUID".into(), attr(d, "parentUUID"));
             attributes.insert("profile".into(), attr(d, "profile"));
             let capacity = d["capacity"].clone();
-            let mut counters: serde_json::Map<String, Value> =
-                capacity.as_object().unwrap().iter().map(|(k, v)| (dns_name(k), v.clone())).collect();
-            let start = attr(d, "placementStart")["int"].as_u64().unwrap();
-            let size = attr(d, "placementSize")["int"].as_u64().unwrap();
-            for k in start..start + size {
-                counters.insert(format!("memory-slice-{k}"), json!({"value": "1"}));
-            }
+            let counters = wide_consumption(d, true);
             per_gpu.entry(minor).or_default().push(json!({
                 "name": d["name"],
                 "attributes": attributes,
@@ -551,13 +686,16 @@ fn dns_name(capacity: &str) -> String {
     out
 }
 
-/// A capacity's `value` (`9856Mi` or `16`) as a number, to take maxima.
+/// A capacity's `value` (`9856Mi`, `40Gi` or `16`) as a number, to take maxima.
 fn quantity(v: &Value) -> u64 {
     let s = v["value"].as_str().unwrap();
-    match s.strip_suffix("Mi") {
-        Some(n) => n.parse::<u64>().unwrap() << 20,
-        None => s.parse().unwrap(),
+    if let Some(n) = s.strip_suffix("Mi") {
+        return n.parse::<u64>().unwrap() << 20;
     }
+    if let Some(n) = s.strip_suffix("Gi") {
+        return n.parse::<u64>().unwrap() << 30;
+    }
+    s.parse().unwrap()
 }
 
 /// `go tool pprof -top` of a CPU profile of the scheduler taken from its secure port.

@@ -393,3 +393,62 @@ fn a_map_with_one_index_twice_is_refused_everywhere() {
         assert!(!d.exists(), "serve refused at start, so it made no {}", d.display());
     }
 }
+
+/// `--profiles` publishes only the listed profiles, with a counter set made for them; a name no
+/// GPU knows, or a list that leaves a GPU empty, is refused in one line before serve makes a file.
+#[test]
+fn profiles_allowlist_publishes_only_its_profiles_and_refuses_bad_names() {
+    let slices: Value = serde_json::from_str(&ok(&[
+        "slices",
+        "--sim",
+        "h100-80gb:2",
+        "--node-name",
+        "n1",
+        "-o",
+        "json",
+        "--profiles",
+        "1g.10gb,3g.40gb",
+    ]))
+    .unwrap();
+    let items = slices["items"].as_array().unwrap();
+    let devices: Vec<&Value> =
+        items.iter().flat_map(|i| i["spec"]["devices"].as_array().into_iter().flatten()).collect();
+    let profiles: std::collections::BTreeSet<&str> =
+        devices.iter().map(|d| d["attributes"]["profile"]["string"].as_str().unwrap()).collect();
+    assert_eq!(profiles.into_iter().collect::<Vec<_>>(), ["1g.10gb", "3g.40gb"]);
+    assert_eq!(devices.len(), 2 * (7 + 2), "seven 1g.10gb and two 3g.40gb per GPU");
+    for set in items.iter().flat_map(|i| i["spec"]["sharedCounters"].as_array().into_iter().flatten()) {
+        let names: Vec<&String> = set["counters"].as_object().unwrap().keys().collect();
+        // No +me profile, so no engine counter; slice 7 only ever comes with slice 6.
+        assert_eq!(names.len(), 7, "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("memory-slice-")), "{names:?}");
+    }
+
+    let e = usage_error(&["slices", "--sim", "h100-80gb:1", "--node-name", "n1", "--profiles", "1g.10gb,1g.11gb"]);
+    assert!(e.contains("\"1g.11gb\" is not a MIG profile") && e.contains("1g.10gb+me"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let (plugins, registry, state) = (dir.path().join("p"), dir.path().join("r"), dir.path().join("s"));
+    let (p, r, st) = (state_arg(&plugins), state_arg(&registry), state_arg(&state));
+    let none = state_arg(&dir.path().join("none"));
+    let e = usage_error(&[
+        "serve",
+        "--sim",
+        "h100-80gb:2",
+        "--node-name",
+        "n1",
+        "--claims-dir",
+        &none,
+        "--plugin-dir",
+        &p,
+        "--registry-dir",
+        &r,
+        "--state-dir",
+        &st,
+        "--profiles",
+        "1g.18gb",
+    ]);
+    assert!(e.contains("GPU 0 (NVIDIA H100 80GB HBM3) has none of 1g.18gb") && e.contains("7g.80gb (ID 0)"), "{e}");
+    for d in [&plugins, &registry, &state] {
+        assert!(!d.exists(), "serve refused at start, so it made no {}", d.display());
+    }
+}

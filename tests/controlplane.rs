@@ -329,7 +329,10 @@ impl Cluster {
                 panic!("allocations on GPU minor {} overlap: {e}; {allocations:?}", gpu.minor);
             }
             let used: Vec<Counters> = placed.iter().map(|p| consumption(gpu.model, *p)).collect();
-            assert!(counters::fits(&counters::capacity(gpu.model), &used), "counters over capacity: {allocations:?}");
+            assert!(
+                counters::fits(&counters::CounterSet::for_model(gpu.model).capacity().clone(), &used),
+                "counters over capacity: {allocations:?}"
+            );
             for device in gpu.instances.keys() {
                 assert!(seen.contains(device), "instance {device} on the hardware has no allocation");
             }
@@ -390,7 +393,7 @@ fn template(profile: &str) -> &'static str {
 }
 
 fn consumption(model: &GpuModel, p: Placed) -> Counters {
-    counters::mig_consumption(model.profile(p.profile_id).unwrap(), p.start)
+    counters::CounterSet::for_model(model).mig(model.profile(p.profile_id).unwrap(), p.start)
 }
 
 /// The MIG partitions among `devices` on the GPU with this minor.
@@ -423,7 +426,7 @@ fn first_fit<'a>(gpus: &[Gpu], allocated: impl IntoIterator<Item = &'a str> + Cl
         }
         let Some(p) = gpu.model.profile_by_name(profile) else { continue };
         let existing = placed_on(gpu.minor, allocated.clone());
-        let capacity = counters::capacity(gpu.model);
+        let capacity = counters::CounterSet::for_model(gpu.model).capacity().clone();
         for &start in &p.placements {
             let new = Placed { profile_id: p.id, start };
             let mut used: Vec<Counters> = existing.iter().map(|e| consumption(gpu.model, *e)).collect();
@@ -579,7 +582,11 @@ async fn check_slices(cluster: &Cluster) {
     let mut pairs = 0;
     for gpu in &mig_gpus {
         let set = counters::counter_set_name(gpu.minor);
-        assert_eq!(sets[&set], model_counters(&counters::capacity(gpu.model)), "counter set {set}");
+        assert_eq!(
+            sets[&set],
+            model_counters(&counters::CounterSet::for_model(gpu.model).capacity().clone()),
+            "counter set {set}"
+        );
         let mut mine = Vec::new();
         for p in &gpu.model.profiles {
             for &start in &p.placements {
@@ -590,7 +597,7 @@ async fn check_slices(cluster: &Cluster) {
                 assert_eq!(consumes.len(), 1, "{name}");
                 assert_eq!(consumes[0].counter_set, set, "{name}");
                 let used = server_counters(&consumes[0].counters);
-                assert_eq!(used, model_counters(&counters::mig_consumption(p, start)), "{name}");
+                assert_eq!(used, model_counters(&counters::CounterSet::for_model(gpu.model).mig(p, start)), "{name}");
                 mine.push((Placed { profile_id: p.id, start }, used));
             }
         }

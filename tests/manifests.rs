@@ -358,9 +358,33 @@ fn published(driver: &str) -> Published {
             .collect();
         use migdra::mig::naming::NameStyle::Minor;
         let all = [
-            devices::gpu_devices(model, &gpu, devices::GpuMode::Full, false, &[], Minor),
-            devices::gpu_devices(model, &gpu, devices::GpuMode::Dynamic, true, &existing, Minor),
-            devices::gpu_devices(model, &gpu, devices::GpuMode::Static, false, &existing, Minor),
+            devices::gpu_devices(
+                model,
+                &gpu,
+                devices::GpuMode::Full,
+                false,
+                &[],
+                Minor,
+                &migdra::mig::allowlist::Allowlist::all(),
+            ),
+            devices::gpu_devices(
+                model,
+                &gpu,
+                devices::GpuMode::Dynamic,
+                true,
+                &existing,
+                Minor,
+                &migdra::mig::allowlist::Allowlist::all(),
+            ),
+            devices::gpu_devices(
+                model,
+                &gpu,
+                devices::GpuMode::Static,
+                false,
+                &existing,
+                Minor,
+                &migdra::mig::allowlist::Allowlist::all(),
+            ),
         ];
         for d in all.iter().flatten() {
             for (k, v) in &d.attributes {

@@ -88,7 +88,8 @@ fn sixteen_h100s_publish_valid_slices_in_both_layouts() {
                     let consumes = d.consumes_counters.as_ref().unwrap();
                     assert_eq!(consumes.len(), 1, "{name}");
                     assert_eq!(consumes[0].counter_set, set, "{name}");
-                    let want: BTreeMap<String, String> = counters::mig_consumption(p, start)
+                    let want: BTreeMap<String, String> = counters::CounterSet::for_model(h100)
+                        .mig(p, start)
                         .iter()
                         .map(|(k, &v)| (k.clone(), slices::counter_quantity(k, v).0))
                         .collect();
@@ -101,7 +102,7 @@ fn sixteen_h100s_publish_valid_slices_in_both_layouts() {
             let sets: Vec<_> =
                 items.iter().flat_map(|s| s.spec.shared_counters.iter().flatten()).filter(|c| c.name == set).collect();
             assert_eq!(sets.len(), 1, "{flag}: {set}");
-            assert_eq!(sets[0].counters.len(), counters::capacity(h100).len());
+            assert_eq!(sets[0].counters.len(), counters::CounterSet::for_model(h100).capacity().clone().len());
         }
         // MIG-enabled H100s are not offered whole (no flag lets migdra change the MIG mode yet).
         assert_eq!(devices.len(), expected, "{flag}: only the partitions");
@@ -120,8 +121,8 @@ fn sixteen_h100s_publish_valid_slices_in_both_layouts() {
         counts.push(items.len());
     }
     // Split: 2 GPUs (50 partitions) per device slice, 8 counter sets per counter slice.
-    // Combined: 2 GPUs per slice (2 × 15 counters ≤ 32).
-    assert_eq!(counts, [8 + 2, 8]);
+    // Combined: 4 GPUs per slice (4 × 8 counters ≤ 32, 104 devices ≤ 128).
+    assert_eq!(counts, [8 + 2, 4]);
 
     // auto = split for the dry run.
     assert_eq!(slices(dir.path(), "auto", "json"), slices(dir.path(), "split", "json"));

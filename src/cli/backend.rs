@@ -98,6 +98,7 @@ pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliEr
     opts.mig_mode = mode(global.node.mig_mode);
     opts.orphans = global.node.orphans;
     opts.device_names = global.node.device_names.into();
+    opts.profiles = crate::mig::allowlist::Allowlist::new(&global.node.profiles);
     opts.slurm = global.slurm.settings(&node_name(global))?;
     for o in &global.node.mig_mode_override {
         let (gpu, m) = o.split_once('=').ok_or_else(|| {
@@ -116,7 +117,9 @@ pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliEr
     }
     let backend: Arc<dyn GpuBackend> = Arc::from(open_with_events(global, events)?);
     let engine = Engine::new(backend, opts).map_err(|e| match e {
-        crate::prepare::PrepareError::Slurm(_) => CliError::Usage(e.to_string()),
+        crate::prepare::PrepareError::Slurm(_) | crate::prepare::PrepareError::Profiles(_) => {
+            CliError::Usage(e.to_string())
+        }
         _ => CliError::Failed(e.to_string()),
     })?;
     crash_points(engine)

@@ -349,8 +349,15 @@ impl Demo<'_> {
                 slurm_index_source: Source::Nvml.as_str().into(),
                 shards_per_gpu: model.memory_slices,
             };
-            let devices: Vec<Device> =
-                gpu_devices(&model, &identity, mode, false, &[], crate::mig::naming::NameStyle::Minor);
+            let devices: Vec<Device> = gpu_devices(
+                &model,
+                &identity,
+                mode,
+                false,
+                &[],
+                crate::mig::naming::NameStyle::Minor,
+                &crate::mig::allowlist::Allowlist::all(),
+            );
             let taken: Vec<&Device> = devices.iter().filter(|d| allocated.contains(&&d.name)).collect();
             if mode == GpuMode::Full {
                 if what == "gpu" && taken.is_empty() {
@@ -358,7 +365,7 @@ impl Demo<'_> {
                 }
                 continue;
             }
-            let capacity = counters::capacity(&model);
+            let capacity = counters::CounterSet::for_model(&model).capacity().clone();
             let used: Vec<&Counters> = taken.iter().filter_map(|d| d.consumes.as_ref().map(|c| &c.1)).collect();
             for d in &devices {
                 let profile = d.attributes.get("profile");

@@ -107,6 +107,11 @@ pub struct NodeFlags {
     /// accepts both forms whatever this says
     #[arg(long, global = true, env = "MIGDRA_DEVICE_NAMES", value_enum, default_value_t)]
     pub device_names: DeviceNamesFlag,
+    /// MIG profiles dynamic GPUs publish, comma-separated (e.g. 1g.10gb,3g.40gb,7g.80gb) [default:
+    /// all]. Fewer partitions make every MIG pod cheaper to schedule; instances that exist are
+    /// published whatever their profile. A name only some GPU models have applies where it exists
+    #[arg(long, global = true, env = "MIGDRA_PROFILES", value_delimiter = ',', value_name = "PROFILE")]
+    pub profiles: Vec<String>,
     /// kubeconfig for the API server [default: in-cluster, then ~/.kube/config]
     #[arg(long, global = true, env = "KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,

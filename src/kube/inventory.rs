@@ -4,8 +4,9 @@
 
 use super::slices::GpuSlices;
 use crate::gpu::{GpuBackend, GpuError};
+use crate::mig::allowlist::Allowlist;
 use crate::mig::counters;
-use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, gpu_devices};
+use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, dynamic_counters, gpu_devices};
 use crate::mig::naming::NameStyle;
 use crate::packing::policy::{self, DeviceOrder};
 use crate::prepare::{Engine, GpuEntry};
@@ -51,18 +52,21 @@ pub fn existing_instances(backend: &dyn GpuBackend, gpu: &GpuEntry) -> Result<Ve
 
 /// One GPU's slice input: dynamic MIG GPUs carry their counter set and devices that consume it,
 /// in the device `order` (the scheduler takes the first that fits, so the order picks the
-/// placement); static MIG and MIG-off GPUs have devices only. `names`: see [`gpu_devices`].
+/// placement); static MIG and MIG-off GPUs have devices only. `names` and `profiles`: see
+/// [`gpu_devices`].
 pub fn gpu_slices(
     gpu: &GpuEntry,
     existing: &[ExistingInstance],
     whole_gpu: bool,
     order: DeviceOrder,
     names: NameStyle,
+    profiles: &Allowlist,
 ) -> GpuSlices {
     let minor = gpu.info.minor;
-    let counter_set =
-        (gpu.mode == GpuMode::Dynamic).then(|| (counters::counter_set_name(minor), counters::capacity(&gpu.model)));
-    let mut devices = gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing, names);
+    let counter_set = (gpu.mode == GpuMode::Dynamic).then(|| {
+        (counters::counter_set_name(minor), dynamic_counters(&gpu.model, existing, profiles).capacity().clone())
+    });
+    let mut devices = gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing, names, profiles);
     if gpu.mode == GpuMode::Dynamic {
         policy::order_devices(&gpu.model, &mut devices, order.policy());
     }
@@ -98,7 +102,8 @@ pub fn node_gpus_ordered(engine: &Engine, whole_gpu: bool, order: DeviceOrder) -
                 }
                 Err(e) => return Err(e),
             };
-            Ok(gpu_slices(g, &existing, whole_gpu, order, engine.options().device_names))
+            let opts = engine.options();
+            Ok(gpu_slices(g, &existing, whole_gpu, order, opts.device_names, &opts.profiles))
         })
         .collect()
 }

@@ -1,8 +1,9 @@
 //! The DRA devices one GPU offers, with the attributes, capacities and counter consumption of
 //! the contracts in docs/design.md. Pure data: the publisher turns it into ResourceSlices.
 
+use super::allowlist::Allowlist;
 use super::catalog::{GiProfile, GpuModel};
-use super::counters::{self, Counters};
+use super::counters::{self, CounterSet, Counters};
 use super::naming::{DeviceName, NameStyle, PublishedName};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -154,7 +155,7 @@ fn common(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode) -> BTreeMap<String
 }
 
 /// The whole GPU as one device; with `counters`, it consumes the GPU's entire counter set.
-pub fn full_gpu_device(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode, counters: bool) -> Device {
+pub fn full_gpu_device(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode, counters: Option<&CounterSet>) -> Device {
     use AttributeValue::*;
     let mut attributes = common(model, gpu, mode);
     attributes.insert("type".into(), String("gpu".into()));
@@ -162,7 +163,7 @@ pub fn full_gpu_device(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode, count
     attributes.insert("slurmShards".into(), Int(gpu.shards_per_gpu.into()));
     attributes.insert("memorySlices".into(), Int(model.memory_slices.into()));
     attributes.insert("computeSlices".into(), Int(model.compute_slices.into()));
-    let cap = counters::capacity(model);
+    let cap = counters::resources(model);
     let engines = |k: &str| Quantity::Count(cap.get(k).copied().unwrap_or(0));
     let capacity = BTreeMap::from([
         ("multiprocessors".into(), Quantity::Count(model.multiprocessors.into())),
@@ -177,7 +178,7 @@ pub fn full_gpu_device(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode, count
         name: DeviceName::Gpu { minor: gpu.minor }.to_string(),
         attributes,
         capacity,
-        consumes: counters.then(|| (counters::counter_set_name(gpu.minor), counters::full_gpu_consumption(model))),
+        consumes: counters.map(|c| (counters::counter_set_name(gpu.minor), c.whole_gpu())),
     }
 }
 
@@ -190,7 +191,7 @@ pub fn mig_device(
     profile: &GiProfile,
     start: u32,
     uuid: Option<&str>,
-    counters: bool,
+    counters: Option<&CounterSet>,
 ) -> Device {
     use AttributeValue::*;
     let mut attributes = common(model, gpu, mode);
@@ -223,16 +224,38 @@ pub fn mig_device(
         name: DeviceName::mig(gpu.minor, &profile.name, profile.id, start).to_string(),
         attributes,
         capacity,
-        consumes: counters.then(|| (counters::counter_set_name(gpu.minor), counters::mig_consumption(profile, start))),
+        consumes: counters.map(|c| (counters::counter_set_name(gpu.minor), c.mig(profile, start))),
     }
+}
+
+/// The partitions a dynamic GPU publishes: every placement of each profile the allowlist lets
+/// through, and every instance that exists whatever its profile (it is in use, and hiding it would
+/// let the scheduler hand its memory slices to someone else).
+pub fn dynamic_partitions<'m>(
+    model: &'m GpuModel,
+    existing: &[ExistingInstance],
+    profiles: &Allowlist,
+) -> Vec<(&'m GiProfile, u32)> {
+    let exists = |p: &GiProfile, s: u32| existing.iter().any(|e| e.profile_id == p.id && e.start == s);
+    model
+        .profiles
+        .iter()
+        .flat_map(|p| p.placements.iter().map(move |&s| (p, s)))
+        .filter(|&(p, s)| profiles.allows(p) || exists(p, s))
+        .collect()
+}
+
+/// The counter set of a dynamic GPU: exactly what its published partitions need.
+pub fn dynamic_counters(model: &GpuModel, existing: &[ExistingInstance], profiles: &Allowlist) -> CounterSet {
+    CounterSet::for_partitions(model, &dynamic_partitions(model, existing, profiles))
 }
 
 /// Every device of one GPU.
 ///
 /// - `Full`: the GPU alone.
-/// - `Dynamic`: every profile × placement consuming the counters, plus the whole GPU when it may
-///   be used whole (`whole_gpu`: the operator allows MIG mode changes on Hopper and newer).
-///   Partitions that exist already carry their UUID.
+/// - `Dynamic`: the [`dynamic_partitions`] consuming the [`dynamic_counters`], plus the whole GPU
+///   when it may be used whole (`whole_gpu`: the operator allows MIG mode changes on Hopper and
+///   newer). Partitions that exist already carry their UUID.
 /// - `Static`: exactly the existing instances.
 ///
 /// `names`: with [`NameStyle::Slurm`], the whole GPU and static instances carry their Slurm index
@@ -245,6 +268,7 @@ pub fn gpu_devices(
     whole_gpu: bool,
     existing: &[ExistingInstance],
     names: NameStyle,
+    profiles: &Allowlist,
 ) -> Vec<Device> {
     let at = |p: &GiProfile, s: u32| existing.iter().find(|e| e.profile_id == p.id && e.start == s);
     let uuid_at = |p: &GiProfile, s: u32| at(p, s).map(|e| e.uuid.as_str());
@@ -254,22 +278,22 @@ pub fn gpu_devices(
         }
         d
     };
-    let whole = |counters: bool| {
+    let whole = |counters: Option<&CounterSet>| {
         let mut d = full_gpu_device(model, gpu, mode, counters);
         d.name = PublishedName::new(names, DeviceName::Gpu { minor: gpu.minor }, gpu.slurm_index).to_string();
         d
     };
     match mode {
-        GpuMode::Full => vec![whole(false)],
+        GpuMode::Full => vec![whole(None)],
         GpuMode::Dynamic => {
+            let partitions = dynamic_partitions(model, existing, profiles);
+            let set = CounterSet::for_partitions(model, &partitions);
             let mut out = Vec::new();
             if whole_gpu && model.supports_mig_mode_toggle() {
-                out.push(whole(true));
+                out.push(whole(Some(&set)));
             }
-            for p in &model.profiles {
-                for &s in &p.placements {
-                    out.push(with_mig_index(mig_device(model, gpu, mode, p, s, uuid_at(p, s), true), at(p, s)));
-                }
+            for (p, s) in partitions {
+                out.push(with_mig_index(mig_device(model, gpu, mode, p, s, uuid_at(p, s), Some(&set)), at(p, s)));
             }
             out
         }
@@ -277,7 +301,7 @@ pub fn gpu_devices(
             .iter()
             .filter_map(|e| {
                 let p = model.profile(e.profile_id)?;
-                let mut d = with_mig_index(mig_device(model, gpu, mode, p, e.start, Some(&e.uuid), false), Some(e));
+                let mut d = with_mig_index(mig_device(model, gpu, mode, p, e.start, Some(&e.uuid), None), Some(e));
                 let partition = DeviceName::mig(gpu.minor, &p.name, p.id, e.start);
                 d.name = PublishedName::new(names, partition, e.slurm_index).to_string();
                 Some(d)
@@ -328,7 +352,7 @@ mod tests {
             let gpu = identity(m);
             // Every attribute at once: an existing instance that Slurm lists in every placement.
             let existing = in_every_placement(m, 1);
-            for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &existing, NameStyle::Slurm) {
+            for d in gpu_devices(m, &gpu, GpuMode::Dynamic, true, &existing, NameStyle::Slurm, &Allowlist::all()) {
                 assert!(is_dns_label(&d.name), "{}", d.name);
                 assert!(d.attributes.len() + d.capacity.len() <= MAX_ATTRIBUTES_AND_CAPACITIES, "{}", d.name);
                 let (set, used) = d.consumes.as_ref().expect("dynamic devices consume counters");
@@ -349,7 +373,7 @@ mod tests {
     fn h100_dynamic_devices_carry_the_contract_attributes() {
         let m = model("h100-80gb").unwrap();
         let gpu = identity(m);
-        let devices = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Minor);
+        let devices = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Minor, &Allowlist::all());
         assert_eq!(devices.len(), 1 + 7 + 7 + 4 + 3 + 2 + 1 + 1);
         let d = devices.iter().find(|d| d.name == "gpu-3-mig-3g40gb-9-4").unwrap();
         let a = |k: &str| d.attributes[k].clone();
@@ -372,9 +396,11 @@ mod tests {
         let a100 = model("a100-40gb").unwrap();
         let gpu = identity(a100);
         assert!(
-            gpu_devices(a100, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Minor).iter().all(|d| d.name != "gpu-3")
+            gpu_devices(a100, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Minor, &Allowlist::all())
+                .iter()
+                .all(|d| d.name != "gpu-3")
         );
-        let full = gpu_devices(a100, &gpu, GpuMode::Full, false, &[], NameStyle::Minor);
+        let full = gpu_devices(a100, &gpu, GpuMode::Full, false, &[], NameStyle::Minor, &Allowlist::all());
         assert_eq!(full.len(), 1);
         assert!(full[0].consumes.is_none());
     }
@@ -388,7 +414,7 @@ mod tests {
         ];
         let mut gpu = identity(m);
         gpu.slurm_index = None;
-        let devices = gpu_devices(m, &gpu, GpuMode::Static, true, &existing, NameStyle::Minor);
+        let devices = gpu_devices(m, &gpu, GpuMode::Static, true, &existing, NameStyle::Minor, &Allowlist::all());
         assert_eq!(devices.len(), 2);
         assert_eq!(devices[0].name, "gpu-3-mig-1g10gb-19-6");
         let a = &devices[0].attributes;
@@ -409,7 +435,7 @@ mod tests {
             ExistingInstance { profile_id: 19, start: 5, uuid: "MIG-b".into(), slurm_index: None },
         ];
         let names = |mode, style| -> Vec<String> {
-            gpu_devices(m, &gpu, mode, true, &existing, style).into_iter().map(|d| d.name).collect()
+            gpu_devices(m, &gpu, mode, true, &existing, style, &Allowlist::all()).into_iter().map(|d| d.name).collect()
         };
         assert_eq!(names(GpuMode::Full, NameStyle::Slurm), ["0005-gpu-3"]);
         assert_eq!(names(GpuMode::Full, NameStyle::Minor), ["gpu-3"]);
@@ -423,7 +449,7 @@ mod tests {
             let mut gpu = identity(m);
             gpu.minor = 255;
             let all = in_every_placement(m, crate::mig::naming::MAX_SLURM_INDEX);
-            for d in gpu_devices(m, &gpu, GpuMode::Static, false, &all, NameStyle::Slurm) {
+            for d in gpu_devices(m, &gpu, GpuMode::Static, false, &all, NameStyle::Slurm, &Allowlist::all()) {
                 assert!(d.name.starts_with("9999-gpu-255-mig-") && is_dns_label(&d.name), "{}", d.name);
             }
         }

@@ -1,6 +1,7 @@
 //! The pure MIG domain: GPU models, NVML's placement rules, device names, counters and the DRA
 //! devices a GPU offers. Nothing here does I/O, so all of it is tested exhaustively.
 
+pub mod allowlist;
 pub mod catalog;
 pub mod counters;
 pub mod devices;

@@ -1,13 +1,15 @@
 //! The exactness proof of the counter model: for one GPU model, every set of devices fits the
-//! shared counters if and only if NVML's rules ([`super::rules`]) admit it.
+//! shared counters if and only if NVML's rules ([`super::rules`]) admit it. [`prove`] checks the
+//! counter set migdra publishes for every partition; [`prove_with`] any set for any partitions
+//! (an allowlist's, or a set with one counter left out, which must then fail).
 //!
 //! A depth-first search adds devices in a fixed order. Both predicates are monotone (a superset of
 //! a refused set is refused), so a branch refused by both can be pruned without missing a
 //! disagreement: any set where they disagree has every prefix accepted by both, or a prefix
 //! where they already disagree.
 
-use super::catalog::GpuModel;
-use super::counters::{self, Counters};
+use super::catalog::{GiProfile, GpuModel};
+use super::counters::{self, CounterSet, Counters};
 use super::rules::{self, Placed};
 
 /// One device of the enumeration: the whole GPU, or a MIG partition.
@@ -21,8 +23,10 @@ pub enum Candidate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProofReport {
     pub model: String,
-    /// Devices on one GPU: the whole GPU plus every profile × placement.
+    /// Devices on one GPU: the whole GPU plus every partition proven.
     pub devices: usize,
+    /// Counters in the set.
+    pub counters: usize,
     /// Sets evaluated by both predicates (the empty set included).
     pub sets_checked: u64,
     /// Sets both accepted.
@@ -53,23 +57,36 @@ struct Search<'a> {
     report: ProofReport,
 }
 
-/// Run the proof for one model.
+/// Run the proof for one model, every partition and the counter set published for them.
 ///
 /// # Errors
 /// The first set on which the counters and NVML's rules disagree.
 pub fn prove(model: &GpuModel) -> Result<ProofReport, Box<Disagreement>> {
-    let mut devices = vec![(Candidate::FullGpu, counters::full_gpu_consumption(model))];
-    for p in &model.profiles {
-        for &start in &p.placements {
-            devices.push((Candidate::Mig(Placed { profile_id: p.id, start }), counters::mig_consumption(p, start)));
-        }
+    let all: Vec<(&GiProfile, u32)> =
+        model.profiles.iter().flat_map(|p| p.placements.iter().map(move |&s| (p, s))).collect();
+    prove_with(model, &all, &CounterSet::for_model(model))
+}
+
+/// Run the proof for these partitions (and the whole GPU) against `set`.
+///
+/// # Errors
+/// The first set on which the counters and NVML's rules disagree.
+pub fn prove_with(
+    model: &GpuModel,
+    partitions: &[(&GiProfile, u32)],
+    set: &CounterSet,
+) -> Result<ProofReport, Box<Disagreement>> {
+    let mut devices = vec![(Candidate::FullGpu, set.whole_gpu())];
+    for &(p, start) in partitions {
+        devices.push((Candidate::Mig(Placed { profile_id: p.id, start }), set.mig(p, start)));
     }
     let mut search = Search {
         model,
-        capacity: counters::capacity(model),
+        capacity: set.capacity().clone(),
         report: ProofReport {
             model: model.key.clone(),
             devices: devices.len(),
+            counters: set.capacity().len(),
             sets_checked: 1,
             sets_admitted: 1,
             largest_set: 0,

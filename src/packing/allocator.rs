@@ -1,6 +1,6 @@
 //! The node as the scheduler sees it, and the scheduler's allocator for a one-device request.
 //!
-//! Feasibility is the counter model itself ([`counters::capacity`], [`counters::mig_consumption`]),
+//! Feasibility is the counter model itself ([`counters::CounterSet`]),
 //! held as dense vectors so the churn runs fast; a test checks it against [`counters::fits`] and
 //! NVML's rules ([`rules::admits`]) on every placement of every state it meets.
 
@@ -85,13 +85,14 @@ struct Table {
 
 impl Table {
     fn new(model: &GpuModel) -> Self {
-        let cap = counters::capacity(model);
+        let set = counters::CounterSet::for_model(model);
+        let cap = set.capacity().clone();
         let keys: Vec<&String> = cap.keys().collect();
         let dense = |c: &counters::Counters| keys.iter().map(|k| c.get(*k).copied().unwrap_or(0)).collect();
         let mut consumption = BTreeMap::new();
         for p in &model.profiles {
             for &start in &p.placements {
-                let c = counters::mig_consumption(p, start);
+                let c = set.mig(p, start);
                 debug_assert!(c.keys().all(|k| cap.contains_key(k)), "a counter outside the set");
                 consumption.insert(Placed { profile_id: p.id, start }, dense(&c));
             }
@@ -271,7 +272,8 @@ mod tests {
     #[test]
     fn dense_counters_agree_with_the_counter_model_and_the_rules() {
         let m = h100();
-        let cap = counters::capacity(m);
+        let set = counters::CounterSet::for_model(m);
+        let cap = set.capacity().clone();
         let mut rng = Rng::new(7);
         let all: Vec<Placed> = m
             .profiles
@@ -283,11 +285,9 @@ mod tests {
             for _ in 0..8 {
                 for &p in &all {
                     let existing = node.allocated(0).to_vec();
-                    let mut used: Vec<counters::Counters> = existing
-                        .iter()
-                        .map(|e| counters::mig_consumption(m.profile(e.profile_id).unwrap(), e.start))
-                        .collect();
-                    used.push(counters::mig_consumption(m.profile(p.profile_id).unwrap(), p.start));
+                    let mut used: Vec<counters::Counters> =
+                        existing.iter().map(|e| set.mig(m.profile(e.profile_id).unwrap(), e.start)).collect();
+                    used.push(set.mig(m.profile(p.profile_id).unwrap(), p.start));
                     let by_counters = counters::fits(&cap, &used);
                     assert_eq!(node.fits(dev(0, p.profile_id, p.start)), by_counters, "{p:?} beside {existing:?}");
                     assert_eq!(rules::admits(m, &existing, p).is_ok(), by_counters, "{p:?} beside {existing:?}");

@@ -310,7 +310,15 @@ mod tests {
             slurm_index_source: "nvml".into(),
             shards_per_gpu: 8,
         };
-        let devices = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[], crate::mig::naming::NameStyle::Minor);
+        let devices = gpu_devices(
+            m,
+            &gpu,
+            GpuMode::Dynamic,
+            true,
+            &[],
+            crate::mig::naming::NameStyle::Minor,
+            &crate::mig::allowlist::Allowlist::all(),
+        );
         let mut ascending = devices.clone();
         order_devices(m, &mut ascending, Policy::Ascending);
         assert_eq!(ascending, devices, "ascending is the order gpu_devices builds");

@@ -34,12 +34,16 @@ pub enum PrepareError {
     /// The Slurm index sources contradict themselves (an admin map with one index twice).
     #[error("{0}")]
     Slurm(crate::slurm::SlurmError),
+    /// `--profiles` names nothing this node has, or leaves a dynamic GPU without partitions.
+    #[error("{0}")]
+    Profiles(crate::mig::allowlist::AllowlistError),
 }
 
 impl PrepareError {
     /// The fixed label a failure is counted under in `migdra_errors_total`: `bad-device`,
     /// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`,
-    /// `checkpoint`, `timeout` (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`.
+    /// `checkpoint`, `timeout` (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`,
+    /// `profiles`.
     pub fn reason(&self) -> String {
         match self {
             Self::BadDevice { .. } => "bad-device".into(),
@@ -56,6 +60,7 @@ impl PrepareError {
             Self::Discovery(_) => "discovery".into(),
             Self::StateDir { .. } => "state-dir".into(),
             Self::Slurm(_) => "slurm-index".into(),
+            Self::Profiles(_) => "profiles".into(),
         }
     }
 

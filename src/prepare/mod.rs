@@ -33,6 +33,7 @@ pub use step::{Hook, Step};
 use crate::cdi::CdiWriter;
 use crate::claims::ClaimRef;
 use crate::gpu::{GpuBackend, GpuError, GpuInfo};
+use crate::mig::allowlist::Allowlist;
 use crate::mig::catalog::GpuModel;
 use crate::mig::devices::GpuMode;
 use crate::mig::naming::NameStyle;
@@ -72,6 +73,9 @@ pub struct Options {
     pub slurm: slurm::Settings,
     /// How published device names are formed; names of both styles are accepted on prepare.
     pub device_names: NameStyle,
+    /// The profiles dynamic GPUs publish. Prepare takes any valid partition, so a claim allocated
+    /// before the list changed still runs.
+    pub profiles: Allowlist,
 }
 
 impl Options {
@@ -88,6 +92,7 @@ impl Options {
             lock_timeout: Duration::from_secs(10),
             slurm: slurm::Settings::none(pool),
             device_names: NameStyle::Minor,
+            profiles: Allowlist::all(),
         }
     }
 }
@@ -175,6 +180,8 @@ impl Engine {
             .map(|(info, model, _)| node_gpu(backend.as_ref(), info, model))
             .collect::<Result<Vec<_>, _>>()
             .map_err(PrepareError::Discovery)?;
+        let dynamic = found.iter().filter(|(_, _, mode)| *mode == GpuMode::Dynamic);
+        opts.profiles.check(dynamic.map(|(info, model, _)| (info.index, model))).map_err(PrepareError::Profiles)?;
         let slurm = slurm::resolve(&opts.slurm, &node_gpus).map_err(PrepareError::Slurm)?;
         for ((info, model, mode), s) in found.into_iter().zip(&slurm.gpus) {
             let lock = GpuLock::new(&opts.state_dir, &info.uuid);

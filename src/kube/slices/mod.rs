@@ -425,12 +425,20 @@ mod tests {
             slurm_index_source: "nvml".into(),
             shards_per_gpu: m.memory_slices,
         };
-        let counter_set =
-            (mode == GpuMode::Dynamic).then(|| (counters::counter_set_name(minor), counters::capacity(m)));
+        let counter_set = (mode == GpuMode::Dynamic)
+            .then(|| (counters::counter_set_name(minor), counters::CounterSet::for_model(m).capacity().clone()));
         GpuSlices {
             minor,
             counter_set,
-            devices: gpu_devices(m, &id, mode, true, &[], crate::mig::naming::NameStyle::Minor),
+            devices: gpu_devices(
+                m,
+                &id,
+                mode,
+                true,
+                &[],
+                crate::mig::naming::NameStyle::Minor,
+                &crate::mig::allowlist::Allowlist::all(),
+            ),
         }
     }
 
@@ -442,6 +450,31 @@ mod tests {
             }
         }
         out
+    }
+
+    /// [`node`] with every resource counted, as migdra published before its sets were made
+    /// minimal: wide sets that still test the per-slice counter limits.
+    pub(super) fn node_wide(spec: &[(&str, u32, GpuMode)]) -> Vec<GpuSlices> {
+        let mut gpus = node(spec);
+        for (g, m) in gpus.iter_mut().zip(spec.iter().flat_map(|&(key, n, _)| (0..n).map(move |_| key))) {
+            let m = model(m).unwrap();
+            let every = counters::CounterSet::every_resource(m);
+            if let Some((_, c)) = &mut g.counter_set {
+                *c = every.capacity().clone();
+            }
+            for d in &mut g.devices {
+                let Some((_, c)) = &mut d.consumes else { continue };
+                let int = |k: &str| match d.attributes.get(k) {
+                    Some(devices::AttributeValue::Int(v)) => Some(*v as u32),
+                    _ => None,
+                };
+                *c = match (int("profileId"), int("placementStart")) {
+                    (Some(id), Some(start)) => every.mig(m.profile(id).unwrap(), start),
+                    _ => every.whole_gpu(),
+                };
+            }
+        }
+        gpus
     }
 
     /// `gpu-<minor>` of a device name.
@@ -473,10 +506,18 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout)] // prints the slice counts per layout
     fn sixteen_h100s_validate_clean_in_both_layouts() {
-        let gpus = node(&[("h100-80gb", 16, GpuMode::Dynamic)]);
-        let per_gpu = gpus[0].devices.len();
-        for layout in [Layout::Combined, Layout::Split] {
-            let slices = build(DRIVER, NODE, Some("uid-1"), 3, layout, &gpus).unwrap();
+        let published = node(&[("h100-80gb", 16, GpuMode::Dynamic)]);
+        let wide = node_wide(&[("h100-80gb", 16, GpuMode::Dynamic)]);
+        let per_gpu = published[0].devices.len();
+        for (layout, gpus) in [
+            (Layout::Combined, &published),
+            (Layout::Combined, &wide),
+            (Layout::Split, &published),
+            (Layout::Split, &wide),
+        ] {
+            let gpus = gpus.as_slice();
+            let set_len = gpus[0].counter_set.as_ref().unwrap().1.len();
+            let slices = build(DRIVER, NODE, Some("uid-1"), 3, layout, gpus).unwrap();
             assert_eq!(validate(&slices, layout), Vec::<String>::new(), "{layout}");
             let devices: usize = device_counts(&slices).iter().sum();
             assert_eq!(devices, 16 * per_gpu);
@@ -493,8 +534,8 @@ mod tests {
                 })
                 .collect();
             println!(
-                "16 × H100 {layout}: {} slices ({} with devices, {} counter-only), devices per slice {:?}, \
-                 sets per slice {:?}, counters consumed per slice {:?}",
+                "16 × H100 {layout}, {set_len} counters per set: {} slices ({} with devices, {} counter-only), \
+                 devices per slice {:?}, sets per slice {:?}, counters consumed per slice {:?}",
                 slices.len(),
                 slices.iter().filter(|s| s.spec.devices.is_some()).count(),
                 slices.iter().filter(|s| s.spec.devices.is_none()).count(),
@@ -514,10 +555,16 @@ mod tests {
                 assert_eq!(s.metadata.labels.as_ref().unwrap()[&node_label(DRIVER)], NODE);
             }
             match layout {
-                // 15 counters per H100 set: two sets per slice (30 ≤ 32).
-                Layout::Combined => {
+                // 15 counters per H100 set, every resource: two sets per slice (30 ≤ 32).
+                Layout::Combined if set_len == 15 => {
                     assert_eq!(slices.len(), 8);
                     assert!(set_counts(&slices).iter().all(|&n| n == 2));
+                }
+                // 8 counters per published set: four GPUs per slice (104 devices ≤ 128, 32 counters).
+                Layout::Combined => {
+                    assert_eq!(set_len, 8);
+                    assert_eq!(slices.len(), 4);
+                    assert!(set_counts(&slices).iter().all(|&n| n == 4));
                 }
                 // 26 devices per H100: two GPUs per device slice (≤ 64); 8 sets per counter slice.
                 Layout::Split => {
@@ -532,7 +579,7 @@ mod tests {
 
     #[test]
     fn rtx_pro_sets_of_19_counters_take_a_combined_slice_each() {
-        let gpus = node(&[("rtx-pro-6000", 3, GpuMode::Dynamic)]);
+        let gpus = node_wide(&[("rtx-pro-6000", 3, GpuMode::Dynamic)]);
         assert_eq!(gpus[0].counter_set.as_ref().unwrap().1.len(), 19);
         let slices = build(DRIVER, NODE, None, 1, Layout::Combined, &gpus).unwrap();
         assert_eq!(validate(&slices, Layout::Combined), Vec::<String>::new());
@@ -575,7 +622,7 @@ mod tests {
     #[test]
     fn names_sort_in_priority_order() {
         // 16 RTX PRO in Combined: one slice each, indexes 0..f.
-        let gpus = node(&[("rtx-pro-6000", 16, GpuMode::Dynamic)]);
+        let gpus = node_wide(&[("rtx-pro-6000", 16, GpuMode::Dynamic)]);
         let slices = build(DRIVER, NODE, None, 1, Layout::Combined, &gpus).unwrap();
         let n = names(&slices);
         assert_eq!(n.len(), 16);
@@ -646,7 +693,7 @@ mod tests {
 
     #[test]
     fn json_round_trip_keeps_every_counter_field() {
-        let gpus = node(&[("h100-80gb", 2, GpuMode::Dynamic)]);
+        let gpus = node_wide(&[("h100-80gb", 2, GpuMode::Dynamic)]);
         for layout in [Layout::Combined, Layout::Split] {
             let slices = build(DRIVER, NODE, Some("uid-1"), 7, layout, &gpus).unwrap();
             let text = serde_json::to_string(&slices).unwrap();

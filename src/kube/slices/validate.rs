@@ -258,7 +258,7 @@ pub fn validate(slices: &[ResourceSlice], layout: Layout) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::super::build;
-    use super::super::tests::{DRIVER, NODE, node};
+    use super::super::tests::{DRIVER, NODE, node, node_wide};
     use super::*;
     use crate::mig::devices::GpuMode;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -266,7 +266,7 @@ mod tests {
     #[test]
     fn broken_slices_yield_one_message_per_violation() {
         // Split: a device slice of 65 counter-consuming devices and a 33-character attribute key.
-        let gpus = node(&[("h100-80gb", 3, GpuMode::Dynamic)]);
+        let gpus = node_wide(&[("h100-80gb", 3, GpuMode::Dynamic)]);
         let mut split = build(DRIVER, NODE, None, 1, Layout::Split, &gpus).unwrap();
         let moved: Vec<api::Device> = split[1].spec.devices.as_mut().unwrap().drain(..13).collect();
         split[0].spec.devices.as_mut().unwrap().extend(moved);
