@@ -13,6 +13,8 @@
 //!   slices, as migdra published before its counter sets were made minimal);
 //! - `migdra-allowlist`: `migdra slices … --profiles` with the pod mix's four profiles;
 //! - `migdra-lean`: migdra without 8 attributes every partition of a GPU repeats;
+//! - `migdra-classes`, `migdra-allowlist-classes`: the claims name the per-profile DeviceClass
+//!   (`mig-1g.10gb`) instead of the `mig` class with a profile selector;
 //!
 //! then a seeded pod mix whose claims come from templates (60 % 1g.10gb, 20 % 2g.20gb, 10 %
 //! 3g.40gb, 10 % 7g.80gb; whole GPUs: one GPU each), all created at once. It prints pods/s,
@@ -21,7 +23,8 @@
 //!
 //! Run (by hand; not in CI):
 //!   cargo bench --bench scale -- --controlplanes DIR[,DIR] [--nodes 50,100,200] [--pods 300]
-//!       [--layouts migdra,migdra-wide,migdra-allowlist,migdra-lean,whole,nvidia] [--seed N] [--stall 30s]
+//!       [--layouts migdra,migdra-wide,migdra-allowlist,migdra-lean,migdra-classes,
+//!       migdra-allowlist-classes,whole,nvidia] [--seed N] [--stall 30s]
 //!       [--profile 20s]
 //! DIR is a `hack/build-controlplane.sh` bin directory (it prints it), e.g.
 //! ~/.cache/migdra/controlplane-v1.36.3-etcd-v3.6.8/bin; default: MIGDRA_CONTROLPLANE_BIN.
@@ -68,15 +71,22 @@ enum Layout {
     MigdraAllowlist,
     /// migdra without the attributes every partition of a GPU repeats ([`LEAN_DROPS`]).
     MigdraLean,
+    /// migdra, the claims naming the per-profile DeviceClass (`mig-1g.10gb`) instead of the `mig`
+    /// class plus a profile selector: one CEL program per device instead of two.
+    MigdraClasses,
+    /// Both: `--profiles` and per-profile classes.
+    MigdraAllowlistClasses,
     Whole,
     Nvidia,
 }
 
-const LAYOUTS: [(&str, Layout); 6] = [
+const LAYOUTS: [(&str, Layout); 8] = [
     ("migdra", Layout::Migdra),
     ("migdra-wide", Layout::MigdraWide),
     ("migdra-allowlist", Layout::MigdraAllowlist),
     ("migdra-lean", Layout::MigdraLean),
+    ("migdra-classes", Layout::MigdraClasses),
+    ("migdra-allowlist-classes", Layout::MigdraAllowlistClasses),
     ("whole", Layout::Whole),
     ("nvidia", Layout::Nvidia),
 ];
@@ -94,7 +104,15 @@ impl Layout {
     }
 
     fn is_migdra_mig(self) -> bool {
-        matches!(self, Self::Migdra | Self::MigdraWide | Self::MigdraAllowlist | Self::MigdraLean)
+        !matches!(self, Self::Whole | Self::Nvidia)
+    }
+
+    fn allowlist(self) -> bool {
+        matches!(self, Self::MigdraAllowlist | Self::MigdraAllowlistClasses)
+    }
+
+    fn class_per_profile(self) -> bool {
+        matches!(self, Self::MigdraClasses | Self::MigdraAllowlistClasses)
     }
 }
 
@@ -441,10 +459,6 @@ async fn classes_and_templates(client: &kube::Client, layout: Layout) {
     let ns = NAMESPACE;
     let mut docs = Vec::new();
     let class = match layout {
-        Layout::Migdra | Layout::MigdraWide | Layout::MigdraAllowlist | Layout::MigdraLean | Layout::Whole => {
-            apply(client, &repo().join("daemonset/base/deviceclasses.yaml"), ns).await;
-            "mig"
-        }
         Layout::Nvidia => {
             docs.push(json!({
                 "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nv-mig"},
@@ -453,13 +467,21 @@ async fn classes_and_templates(client: &kube::Client, layout: Layout) {
             }));
             "nv-mig"
         }
+        _ => {
+            apply(client, &repo().join("daemonset/base/deviceclasses.yaml"), ns).await;
+            "mig"
+        }
     };
     let selector = |p: &str| match layout {
         Layout::Nvidia => format!("device.attributes['{NV_DRIVER}'].profile == '{p}'"),
         _ => format!("device.attributes[\"{}\"].profile == \"{p}\"", support::DRIVER),
     };
     for (p, _) in MIX {
-        docs.push(template(&template_name(p), class, Some(&selector(p))));
+        if layout.class_per_profile() {
+            docs.push(template(&template_name(p), &format!("mig-{p}"), None));
+        } else {
+            docs.push(template(&template_name(p), class, Some(&selector(p))));
+        }
     }
     docs.push(template(&template_name("gpu"), "gpu", None));
     let dir = tempfile::tempdir().unwrap();
@@ -487,13 +509,17 @@ fn node_slices(node: &str, layout: Layout) -> Vec<Value> {
     let mut args = vec!["slices", "--sim", sim, "--node-name", node, "-o", "json"];
     let allowlist: Vec<&str> = MIX.iter().map(|(p, _)| *p).collect();
     let allowlist = allowlist.join(",");
-    if layout == Layout::MigdraAllowlist {
+    if layout.allowlist() {
         args.extend(["--profiles", &allowlist]);
     }
     let out = migdra().args(&args).ok();
     let items = serde_json::from_str::<Value>(&out).unwrap()["items"].as_array().unwrap().clone();
     match layout {
-        Layout::Migdra | Layout::MigdraAllowlist | Layout::Whole => items,
+        Layout::Migdra
+        | Layout::MigdraAllowlist
+        | Layout::MigdraClasses
+        | Layout::MigdraAllowlistClasses
+        | Layout::Whole => items,
         Layout::MigdraWide => wide_slices(&items),
         Layout::MigdraLean => {
             let mut items = items;
