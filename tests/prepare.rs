@@ -360,6 +360,21 @@ fn a_crash_at_every_step_converges_after_restart_with_nothing_leaked() {
                 drop(crashing);
 
                 let engine = node.engine();
+                let left = engine.checkpoint().unwrap();
+                match (unprepare_phase, step) {
+                    (_, Step::ClaimDropped) => assert!(left.claims.is_empty()),
+                    (true, _) => assert_eq!(left.claims["crash"].state, ClaimState::UnprepareStarted),
+                    (false, Step::PrepareCompleted) => {
+                        assert_eq!(left.claims["crash"].state, ClaimState::PrepareCompleted);
+                    }
+                    (false, _) => {
+                        // Two durable writes: until the completion, the checkpoint holds the intent alone.
+                        let rec = &left.claims["crash"];
+                        assert_eq!(rec.state, ClaimState::PrepareStarted, "{}", step.name());
+                        let mig = rec.devices[0].mig.as_ref().unwrap();
+                        assert_eq!(*mig, mig.forgotten(), "{}: {mig:?}", step.name());
+                    }
+                }
                 let report = engine.recover().unwrap();
                 assert!(report.orphans.iter().all(|o| o.action == OrphanAction::Destroyed));
                 if unprepare_phase {
@@ -380,6 +395,33 @@ fn a_crash_at_every_step_converges_after_restart_with_nothing_leaked() {
         }
     }
     println!("crash points × profiles tried: {tried}, leaked instances: 0, stuck claims: 0");
+}
+
+/// Two durable checkpoint writes per prepare (the intent, the completion) and per unprepare (its
+/// start, the claim's removal), however many devices the claim holds, since each costs two fsyncs
+/// of a prepare's latency; a repeated prepare of a completed claim writes nothing.
+#[test]
+fn a_prepare_and_an_unprepare_each_make_two_checkpoint_writes() {
+    let node = Node::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let m = node.minor(0);
+    let whole = format!("gpu-{}", node.minor(1));
+    let cases = [
+        ("one-mig", vec![result(&mig_name(m, model, 9, 4))]),
+        ("whole", vec![result(&whole)]),
+        ("several", vec![result(&mig_name(m, model, 19, 0)), result(&mig_name(m, model, 14, 2)), result(&whole)]),
+    ];
+    for (uid, results) in cases {
+        let before = engine.checkpoint_writes();
+        engine.prepare(&claim(uid), &results).unwrap();
+        assert_eq!(engine.checkpoint_writes() - before, 2, "{uid}: prepare");
+        engine.prepare(&claim(uid), &results).unwrap();
+        assert_eq!(engine.checkpoint_writes() - before, 2, "{uid}: a repeated prepare");
+        engine.unprepare(uid).unwrap();
+        assert_eq!(engine.checkpoint_writes() - before, 4, "{uid}: unprepare");
+    }
+    assert!(node.instances().is_empty());
 }
 
 /// CDI specs are renamed into place without fsync, so a power loss (which reboots the node) can

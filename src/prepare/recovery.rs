@@ -9,6 +9,9 @@
 //!   claims whose spec is missing or changed get it written again. Specs are not fsynced
 //!   ([`CdiWriter`](crate::cdi::CdiWriter)): this makes a spec that a power loss emptied or
 //!   brought back harmless.
+//! - A claim caught mid-prepare has only its intent in the checkpoint: its instances, if any, are
+//!   found by profile and placement, left alone by the orphan sweep, and adopted by the kubelet's
+//!   retry or destroyed by its unprepare.
 //! - MIG instances on dynamic GPUs that no claim explains are destroyed, kept or reported
 //!   (`--orphans`); instances on static GPUs are never touched.
 
