@@ -3,8 +3,11 @@
 //!
 //! A reader (a runtime watching the CDI directory, a restarted daemon) must see a file whole or
 //! not at all, and a crash must leave the old or the new version, never a torn one. So a write
-//! goes to a hidden temp file beside the target (a name no runtime loads), is fsynced, renamed
-//! over the target, and the directory is fsynced so the rename itself survives a crash.
+//! goes to a hidden temp file beside the target (a name no runtime loads) and is renamed over the
+//! target. How far it goes before the rename depends on what a power loss may cost
+//! ([`Durability`]): a [`Durability::Durable`] write fsyncs the temp file before the rename and the
+//! directory after it, so the new version survives a power loss; an [`Durability::Atomic`] one
+//! skips both fsyncs, for files that a durable record can write again.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
@@ -14,6 +17,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Distinguishes temp files of concurrent writes in one process.
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// How far a write goes before it returns.
+///
+/// A process that crashes leaves the page cache behind, so after the rename every reader on the
+/// machine sees the new file whole, synced or not; only a power loss or a kernel crash can lose an
+/// unsynced write, and then the machine reboots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync the file before the rename and the directory after it: the new version survives a
+    /// power loss. For records nothing else can rebuild: the checkpoint, the simulator's state.
+    Durable,
+    /// The rename alone: old or new while the machine runs; after a power loss the old version,
+    /// the new one or an empty file. For files written again from a durable record (CDI specs),
+    /// where the two fsyncs would only add to every call's latency.
+    Atomic,
+}
 
 /// The steps of an atomic write, so an error says which one failed and tests can fail each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,8 +72,8 @@ pub struct WriteError {
 ///
 /// # Errors
 /// The step that failed; nothing half-written is left behind.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), WriteError> {
-    write_atomic_with(path, bytes, mode, |_| Ok(()))
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Result<(), WriteError> {
+    write_atomic_with(path, bytes, mode, durability, |_| Ok(()))
 }
 
 /// [`write_atomic`] with `before` called ahead of each step; an error from it fails that step,
@@ -66,8 +85,10 @@ pub fn write_atomic_with(
     path: &Path,
     bytes: &[u8],
     mode: u32,
+    durability: Durability,
     before: impl Fn(Step) -> io::Result<()>,
 ) -> Result<(), WriteError> {
+    let durable = durability == Durability::Durable;
     let dir = parent_dir(path);
     let prefix = temp_prefix(path);
     let pid = std::process::id();
@@ -88,7 +109,9 @@ pub fn write_atomic_with(
             // The umask may have narrowed the mode given at creation.
             .and_then(|()| file.set_permissions(fs::Permissions::from_mode(mode)))
             .map_err(fail(Step::Write, &tmp))?;
-        before(Step::Sync).and_then(|()| file.sync_all()).map_err(fail(Step::Sync, &tmp))?;
+        if durable {
+            before(Step::Sync).and_then(|()| file.sync_all()).map_err(fail(Step::Sync, &tmp))?;
+        }
         drop(file);
         before(Step::Rename).and_then(|()| fs::rename(&tmp, path)).map_err(fail(Step::Rename, path))
     })();
@@ -96,6 +119,9 @@ pub fn write_atomic_with(
         let _ = fs::remove_file(&tmp);
     }
     written?;
+    if !durable {
+        return Ok(());
+    }
     before(Step::SyncDir).and_then(|()| sync_dir(&dir)).map_err(fail(Step::SyncDir, &dir))
 }
 
@@ -166,10 +192,13 @@ mod tests {
     fn writes_whole_files_with_the_exact_mode() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.json");
-        write_atomic(&path, b"one", 0o600).unwrap();
-        write_atomic(&path, b"two", 0o644).unwrap();
+        write_atomic(&path, b"one", 0o600, Durability::Durable).unwrap();
+        write_atomic(&path, b"two", 0o644, Durability::Durable).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o644);
+        write_atomic(&path, b"three", 0o600, Durability::Atomic).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"three");
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
         assert_eq!(names(dir.path()), ["a.json"]);
     }
 
@@ -177,9 +206,9 @@ mod tests {
     fn a_failure_at_any_step_keeps_the_old_file_and_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.json");
-        write_atomic(&path, b"old", 0o600).unwrap();
+        write_atomic(&path, b"old", 0o600, Durability::Durable).unwrap();
         for failing in [Step::Create, Step::Write, Step::Sync, Step::Rename] {
-            let err = write_atomic_with(&path, b"new", 0o600, |s| {
+            let err = write_atomic_with(&path, b"new", 0o600, Durability::Durable, |s| {
                 if s == failing { Err(io::Error::other("injected")) } else { Ok(()) }
             })
             .unwrap_err();
@@ -189,12 +218,29 @@ mod tests {
             assert_eq!(names(dir.path()), ["a.json"], "{failing:?}");
         }
         // The rename happened; only its durability is in doubt.
-        let err = write_atomic_with(&path, b"new", 0o600, |s| {
+        let err = write_atomic_with(&path, b"new", 0o600, Durability::Durable, |s| {
             if s == Step::SyncDir { Err(io::Error::other("injected")) } else { Ok(()) }
         })
         .unwrap_err();
         assert_eq!((err.step, err.path.as_path()), (Step::SyncDir, dir.path()));
         assert_eq!(fs::read(&path).unwrap(), b"new");
+    }
+
+    #[test]
+    fn only_a_durable_write_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.json");
+        let steps = |durability| {
+            let seen = std::cell::RefCell::new(Vec::new());
+            write_atomic_with(&path, b"x", 0o600, durability, |s| {
+                seen.borrow_mut().push(s);
+                Ok(())
+            })
+            .unwrap();
+            seen.into_inner()
+        };
+        assert_eq!(steps(Durability::Durable), [Step::Create, Step::Write, Step::Sync, Step::Rename, Step::SyncDir]);
+        assert_eq!(steps(Durability::Atomic), [Step::Create, Step::Write, Step::Rename]);
     }
 
     #[test]

@@ -1,21 +1,21 @@
 //! Process-level crash points: `migdra claims prepare|unprepare` is aborted (no unwinding, no
-//! rollback, like SIGKILL) right after each checkpoint write and each NVML mutation, then a new
-//! process recovers and the kubelet's retry converges with nothing leaked.
+//! rollback, like SIGKILL) right after each checkpoint write, CDI spec change and NVML mutation,
+//! then a new process recovers and the kubelet's retry converges with nothing leaked.
 
 #![allow(clippy::print_stdout)] // the test prints its counts
 
 mod support;
 
+use migdra::prepare::Step;
 use std::process::Output;
 use support::command::Run;
 use support::node::NodeDir;
 
-const STEPS: [&str; 12] = [
+/// As `MIGDRA_CRASH_AT` takes them; the first test checks this is every step there is.
+const STEPS: [&str; 10] = [
     "prepare-started",
     "gi-created",
-    "gi-recorded",
     "ci-created",
-    "ci-recorded",
     "cdi-written",
     "prepare-completed",
     "unprepare-started",
@@ -36,6 +36,11 @@ fn instances(node: &NodeDir) -> Vec<(u64, u64, usize)> {
 }
 
 #[test]
+fn the_steps_here_are_every_step_of_the_engine() {
+    assert_eq!(STEPS, Step::ALL.map(Step::name));
+}
+
+#[test]
 fn a_killed_process_at_every_step_converges_on_retry() {
     let mut tried = 0;
     for (model, device_suffix, profile, start) in
@@ -48,13 +53,21 @@ fn a_killed_process_at_every_step_converges_on_retry() {
             let uid = "0d6f6a52-3c9e-4b8e-9a0c-6f1d2e3a4b5c";
             node.write_claim(uid, &device);
 
-            let prepare_step = STEPS.iter().position(|s| *s == step).unwrap() < 7;
+            let at = |name: &str| STEPS.iter().position(|s| *s == name);
+            let prepare_step = at(step) < at("unprepare-started");
             if !prepare_step {
                 node.cli(&["claims", "prepare", uid]);
             }
             let verb = if prepare_step { "prepare" } else { "unprepare" };
             let crashed = crash_at(&node, &["claims", verb, uid], step);
             assert!(crashed.status.code().is_none() || crashed.status.code() == Some(134), "{step}: did not crash");
+            if prepare_step && step != "prepare-completed" {
+                // Two durable writes: before the completion, the checkpoint holds the intent alone.
+                let claims = node.checkpoint();
+                assert_eq!(claims.len(), 1, "{step}");
+                assert_eq!(claims[0]["state"], "PrepareStarted", "{step}");
+                assert_eq!(claims[0]["devices"][0].get("gpu_instance_id"), None, "{step}: {}", claims[0]);
+            }
 
             node.cli(&["claims", "recover"]);
             if prepare_step {

@@ -317,17 +317,26 @@ fn a_failing_destroy_keeps_the_claim_until_a_retry_succeeds() {
     assert!(engine.checkpoint().unwrap().claims.is_empty());
 }
 
+/// The crashes the tests make are deliberate: keep their panic messages out of the output, and no
+/// others.
+fn quiet_crashes() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // `panic!` with arguments carries a String (`payload_as_str` is newer than our MSRV).
+            if !info.payload().downcast_ref::<String>().is_some_and(|m| m.starts_with("crash at")) {
+                default(info);
+            }
+        }));
+    });
+}
+
 /// A crash at every step of prepare and unprepare (the hook panics there, so no rollback code
 /// runs), then a new engine (process) recovers, and the kubelet's retry converges.
 #[test]
 fn a_crash_at_every_step_converges_after_restart_with_nothing_leaked() {
-    // The crashes are deliberate: keep their panic messages out of the output, and no others.
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if !info.payload_as_str().is_some_and(|m| m.starts_with("crash at")) {
-            default(info);
-        }
-    }));
+    quiet_crashes();
     let mut tried = 0;
     for model_key in ["h100-80gb", "a30-24gb", "rtx-pro-6000"] {
         let model = catalog::model(model_key).unwrap();
@@ -351,6 +360,21 @@ fn a_crash_at_every_step_converges_after_restart_with_nothing_leaked() {
                 drop(crashing);
 
                 let engine = node.engine();
+                let left = engine.checkpoint().unwrap();
+                match (unprepare_phase, step) {
+                    (_, Step::ClaimDropped) => assert!(left.claims.is_empty()),
+                    (true, _) => assert_eq!(left.claims["crash"].state, ClaimState::UnprepareStarted),
+                    (false, Step::PrepareCompleted) => {
+                        assert_eq!(left.claims["crash"].state, ClaimState::PrepareCompleted);
+                    }
+                    (false, _) => {
+                        // Two durable writes: until the completion, the checkpoint holds the intent alone.
+                        let rec = &left.claims["crash"];
+                        assert_eq!(rec.state, ClaimState::PrepareStarted, "{}", step.name());
+                        let mig = rec.devices[0].mig.as_ref().unwrap();
+                        assert_eq!(*mig, mig.forgotten(), "{}: {mig:?}", step.name());
+                    }
+                }
                 let report = engine.recover().unwrap();
                 assert!(report.orphans.iter().all(|o| o.action == OrphanAction::Destroyed));
                 if unprepare_phase {
@@ -371,6 +395,98 @@ fn a_crash_at_every_step_converges_after_restart_with_nothing_leaked() {
         }
     }
     println!("crash points × profiles tried: {tried}, leaked instances: 0, stuck claims: 0");
+}
+
+/// Two durable checkpoint writes per prepare (the intent, the completion) and per unprepare (its
+/// start, the claim's removal), however many devices the claim holds, since each costs two fsyncs
+/// of a prepare's latency; a repeated prepare of a completed claim writes nothing.
+#[test]
+fn a_prepare_and_an_unprepare_each_make_two_checkpoint_writes() {
+    let node = Node::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let m = node.minor(0);
+    let whole = format!("gpu-{}", node.minor(1));
+    let cases = [
+        ("one-mig", vec![result(&mig_name(m, model, 9, 4))]),
+        ("whole", vec![result(&whole)]),
+        ("several", vec![result(&mig_name(m, model, 19, 0)), result(&mig_name(m, model, 14, 2)), result(&whole)]),
+    ];
+    for (uid, results) in cases {
+        let before = engine.checkpoint_writes();
+        engine.prepare(&claim(uid), &results).unwrap();
+        assert_eq!(engine.checkpoint_writes() - before, 2, "{uid}: prepare");
+        engine.prepare(&claim(uid), &results).unwrap();
+        assert_eq!(engine.checkpoint_writes() - before, 2, "{uid}: a repeated prepare");
+        engine.unprepare(uid).unwrap();
+        assert_eq!(engine.checkpoint_writes() - before, 4, "{uid}: unprepare");
+    }
+    assert!(node.instances().is_empty());
+}
+
+/// CDI specs are renamed into place without fsync, so a power loss (which reboots the node) can
+/// lose one, leave it empty, or bring back one that was removed. Each is written again or removed:
+/// a prepared claim's by recovery from its record, a re-created claim's by its next prepare, and
+/// one whose claim the checkpoint does not hold by recovery, readable or not.
+#[test]
+fn a_spec_a_power_loss_emptied_lost_or_brought_back_is_repaired_or_removed() {
+    let node = Node::new("h100-80gb:1");
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 9, 4);
+    let spec = |uid: &str| node.dir.path().join("cdi").join(format!("{DRIVER}-claim_{uid}.json"));
+    let visible = |uid: &str| {
+        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(spec(uid)).unwrap()).unwrap();
+        let env = spec["devices"][0]["containerEdits"]["env"].as_array().unwrap().clone();
+        env.iter().map(|e| e.as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    node.engine().prepare(&claim("a"), &[result(&dev)]).unwrap();
+    let written = std::fs::read(spec("a")).unwrap();
+
+    // Within a boot, recovery writes a prepared claim's spec again from the committed record.
+    std::fs::write(spec("a"), b"").unwrap();
+    assert_eq!(node.engine().recover().unwrap().repaired_cdi_specs, [("a".to_string(), "altered")]);
+    assert_eq!(std::fs::read(spec("a")).unwrap(), written);
+    std::fs::remove_file(spec("a")).unwrap();
+    assert_eq!(node.engine().recover().unwrap().repaired_cdi_specs, [("a".to_string(), "missing")]);
+    assert_eq!(std::fs::read(spec("a")).unwrap(), written);
+
+    // After a reboot the claim is re-created, and its next prepare writes the spec again.
+    std::fs::write(spec("a"), b"").unwrap();
+    node.sim.reboot().unwrap();
+    let engine = node.engine();
+    assert_eq!(engine.recover().unwrap().marked_for_recreate, ["a"]);
+    let out = engine.prepare(&claim("a"), &[result(&dev)]).unwrap();
+    let uuid = out[0].status.mig_uuid.clone().unwrap();
+    assert!(visible("a").contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")), "{:?}", visible("a"));
+
+    // The same when the power went between the spec and the completion.
+    let crashing = node.engine().with_hook(Arc::new(|s| {
+        if s == Step::CdiWritten {
+            panic!("crash at {}", s.name());
+        }
+    }));
+    quiet_crashes();
+    let one_g = mig_name(node.minor(0), model, 19, 0);
+    assert!(catch_unwind(AssertUnwindSafe(|| crashing.prepare(&claim("b"), &[result(&one_g)]))).is_err());
+    std::fs::write(spec("b"), b"").unwrap();
+    node.sim.reboot().unwrap();
+    let engine = node.engine();
+    assert_eq!(engine.recover().unwrap().marked_for_recreate, ["a", "b"]);
+    let out = engine.prepare(&claim("b"), &[result(&one_g)]).unwrap();
+    let uuid = out[0].status.mig_uuid.clone().unwrap();
+    assert!(visible("b").contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")), "{:?}", visible("b"));
+    engine.prepare(&claim("a"), &[result(&dev)]).unwrap();
+
+    // Specs of unprepared claims that a power loss brought back, whole or emptied, are removed.
+    engine.unprepare("a").unwrap();
+    engine.unprepare("b").unwrap();
+    std::fs::write(spec("a"), &written).unwrap();
+    std::fs::write(spec("b"), b"").unwrap();
+    node.sim.reboot().unwrap();
+    let report = node.engine().recover().unwrap();
+    assert_eq!(report.stale_cdi_specs_removed, ["a", "b"]);
+    assert_eq!(node.cdi_files(), 0);
+    assert!(node.instances().is_empty());
 }
 
 #[test]

@@ -2,8 +2,15 @@
 //!
 //! Runtimes watch the CDI directory and may read a spec at any moment, so a spec appears whole or
 //! not at all: it is written to a hidden temp file (a name no runtime loads: not `*.json`/`*.yaml`)
-//! in the same directory, synced, renamed over the final name, and the directory is synced so the
-//! rename survives a crash.
+//! in the same directory and renamed over the final name.
+//!
+//! Neither the write nor a removal is fsynced ([`files::Durability::Atomic`]): a spec is a copy of
+//! what the claim's checkpoint record says, and that record is durable. A crashed process leaves
+//! the page cache, so the spec is there for the next one; only a power loss can lose or empty it,
+//! and after the reboot the claim is marked for re-creation and its next prepare writes the spec
+//! again. Within a boot, a prepared claim's spec that is missing or changed is written again from
+//! the record (recovery, a repeated prepare, `migdra cleanup`), and a spec whose claim the
+//! checkpoint does not hold is removed at recovery, readable or not.
 
 use super::{CDI_VERSION, CdiDevice, CdiError, Result, Spec, is_valid_vendor};
 use crate::files;
@@ -135,14 +142,16 @@ impl CdiWriter {
         Ok((path, bytes, spec.qualified_ids()))
     }
 
-    /// Remove the claim's spec. A missing file is success, so unprepare can repeat.
+    /// Remove the claim's spec. A missing file is success, so unprepare can repeat. Not synced: a
+    /// spec that a power loss brings back belongs to a claim the checkpoint no longer holds, or
+    /// holds as `UnprepareStarted`, and recovery removes it.
     ///
     /// # Errors
     /// Bad UID or driver; [`CdiError::Io`].
     pub fn remove(&self, claim_uid: &str) -> Result<()> {
         let path = self.spec_path(claim_uid)?;
         match fs::remove_file(&path) {
-            Ok(()) => files::sync_dir(&self.dir).map_err(io("sync directory", &self.dir)),
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(source) => Err(CdiError::Io { path, op: "remove", source }),
         }
@@ -160,6 +169,17 @@ impl CdiWriter {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(source) => Err(CdiError::Io { path, op: "read", source }),
         }
+    }
+
+    /// The claim UID a spec file of this driver carries in its name (`<dir>/<driver>-claim_<uid>.json`),
+    /// when it is a valid one: how a file [`CdiWriter::list`] could not read is still known as a
+    /// claim's, and can be removed.
+    pub fn claim_of(&self, path: &Path) -> Option<String> {
+        if path.parent() != Some(self.dir.as_path()) {
+            return None;
+        }
+        let uid = path.file_name()?.to_str()?.strip_prefix(&self.file_prefix())?.strip_suffix(".json")?;
+        crate::names::is_uid(uid).then(|| uid.to_string())
     }
 
     /// Every spec of this driver in the directory, as (claim UID, spec), sorted by UID; used to
@@ -212,11 +232,12 @@ impl CdiWriter {
         Ok(spec)
     }
 
-    /// Write one spec file atomically, creating the CDI directory if it is missing.
+    /// Write one spec file atomically, not synced (see the module doc), creating the CDI directory
+    /// if it is missing.
     fn store(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         // Runtimes and debugging users need to list the directory, whatever the umask.
         files::create_dir(&self.dir, DIR_MODE).map_err(io("create directory", &self.dir))?;
-        files::write_atomic(path, bytes, SPEC_MODE).map_err(|e| CdiError::Io {
+        files::write_atomic(path, bytes, SPEC_MODE, files::Durability::Atomic).map_err(|e| CdiError::Io {
             path: e.path,
             op: e.step.op(),
             source: e.source,
@@ -458,6 +479,11 @@ mod tests {
         assert_eq!(bad_paths, [bad_uid.as_path(), foreign_kind.as_path(), garbage.as_path()]);
         assert!(bad[1].1.contains("nvidia.com/gpu"), "{}", bad[1].1);
         assert!(matches!(w.read("ffff"), Err(CdiError::Parse { .. })));
+        let owners: Vec<Option<String>> = bad.iter().map(|(p, _)| w.claim_of(p)).collect();
+        assert_eq!(owners, [None, Some("eeee".to_string()), Some("ffff".to_string())], "BAD is no UID");
+        assert_eq!(w.claim_of(&w.spec_path(UID).unwrap()).as_deref(), Some(UID));
+        assert_eq!(w.claim_of(&tmp.path().join("sub").join(format!("{DRIVER}-claim_ffff.json"))), None);
+        assert_eq!(w.claim_of(&tmp.path().join(format!(".{DRIVER}-claim_dddd.json.tmp-1-0"))), None);
 
         assert_eq!(CdiWriter::new(&tmp.path().join("absent"), DRIVER).list().unwrap(), (vec![], vec![]));
     }

@@ -1,5 +1,7 @@
 //! Prepare: make a claim's devices exist at exactly the allocated placements, write the CDI spec,
-//! checkpoint each step, and roll back within the same call whatever a failure leaves behind.
+//! and roll back within the same call whatever a failure leaves behind. Two durable checkpoint
+//! writes: the intent before the first NVML mutation, and the completion with everything NVML
+//! made once the spec is on disk.
 
 use super::instances::{destroy_gi, holds};
 use super::plan::{self, PlannedDevice};
@@ -182,6 +184,12 @@ impl Engine {
     }
 
     /// Create (or adopt) every device, write the CDI spec, complete the claim.
+    ///
+    /// What NVML made (GI and CI IDs, MIG UUID, capability minors) stays in memory until the
+    /// completion, the one durable write here. A crash before it leaves the intent alone in the
+    /// checkpoint, which is enough: the intent reserves the placement against every other claim,
+    /// so whatever stands there is this claim's, found by profile and placement, adopted by the
+    /// retry or destroyed by an unprepare, and never swept as an orphan.
     pub(super) fn make(
         &self,
         claim: &ClaimRef,
@@ -193,24 +201,32 @@ impl Engine {
         let mut devices = record.devices.clone();
         for (i, p) in planned.iter().enumerate() {
             if let Some(m) = &record.devices[i].mig {
-                devices[i].mig = Some(self.ensure_mig(claim, who, i, p, m, &mut held[i])?);
+                devices[i].mig = Some(self.ensure_mig(claim, who, p, m, &mut held[i])?);
             }
         }
         let cdi_devices = self.spec_devices(who, &claim.uid, &devices)?;
+        // Not synced: the completion below is, and the spec is written again from it.
         let ids = self
             .cdi
             .write(&claim.uid, &cdi_devices)
             .map_err(|source| PrepareError::Cdi { claim: who.into(), source })?;
         self.step(Step::CdiWritten);
-        let done = self
-            .update_claim(who, &claim.uid, |rec| {
-                rec.state = ClaimState::PrepareCompleted;
-                rec.needs_recreate = false;
-                for (d, id) in rec.devices.iter_mut().zip(&ids) {
-                    d.cdi_ids = vec![id.clone()];
-                }
-            })?
-            .unwrap_or_else(|| record.clone());
+        for (d, id) in devices.iter_mut().zip(&ids) {
+            d.cdi_ids = vec![id.clone()];
+        }
+        let complete = |rec: &mut ClaimRecord| {
+            rec.state = ClaimState::PrepareCompleted;
+            rec.needs_recreate = false;
+            for (d, made) in rec.devices.iter_mut().zip(&devices) {
+                d.mig.clone_from(&made.mig);
+                d.cdi_ids.clone_from(&made.cdi_ids);
+            }
+        };
+        let done = self.update_claim(who, &claim.uid, complete)?.unwrap_or_else(|| {
+            let mut rec = record.clone();
+            complete(&mut rec);
+            rec
+        });
         self.step(Step::PrepareCompleted);
         Ok(self.prepared(&done))
     }
@@ -266,12 +282,12 @@ impl Engine {
         Ok(state)
     }
 
-    /// Make one MIG device exist and return its record with IDs, UUID and capability minors.
+    /// Make one MIG device exist and return its record with IDs, UUID and capability minors; the
+    /// caller checkpoints it with the completion.
     pub(super) fn ensure_mig(
         &self,
         claim: &ClaimRef,
         who: &str,
-        i: usize,
         p: &PlannedDevice<'_>,
         m: &MigRecord,
         held: &mut Held,
@@ -303,7 +319,9 @@ impl Engine {
                 {
                     return Err(PrepareError::DeviceInUse { claim: who.into(), device: dev.into(), other });
                 }
-                // Ours from an earlier attempt that crashed after creating it: adopt it.
+                // Ours from an earlier attempt that crashed before completing: only its intent
+                // was checkpointed, and that intent keeps every other claim off this placement.
+                // Adopt it.
                 g.id
             }
             (None, MigOwner::Dynamic) => {
@@ -316,13 +334,7 @@ impl Engine {
             }
         };
         held.gi = Some(gi);
-        if m.gi_id != Some(gi) {
-            m.gi_id = Some(gi);
-            m.ci_id = None;
-            m.uuid = None;
-            self.record_mig(who, &claim.uid, i, &m)?;
-            self.step(Step::GiRecorded);
-        }
+        m.gi_id = Some(gi);
         let cis = self.nvml(who, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
         let ci = match cis.into_iter().next() {
             Some(ci) => ci,
@@ -344,14 +356,10 @@ impl Engine {
         let (gi_cap, ci_cap) = self.nvml(who, dev, "read the capability minors", || {
             self.backend.mig_capability_minors(gpu.info.minor, gi, ci.id)
         })?;
-        if m.ci_id != Some(ci.id) || m.uuid.as_deref() != Some(ci.uuid.as_str()) || m.ci_cap_minor != Some(ci_cap) {
-            m.ci_id = Some(ci.id);
-            m.uuid = Some(ci.uuid.clone());
-            m.gi_cap_minor = Some(gi_cap);
-            m.ci_cap_minor = Some(ci_cap);
-            self.record_mig(who, &claim.uid, i, &m)?;
-            self.step(Step::CiRecorded);
-        }
+        m.ci_id = Some(ci.id);
+        m.uuid = Some(ci.uuid);
+        m.gi_cap_minor = Some(gi_cap);
+        m.ci_cap_minor = Some(ci_cap);
         Ok(m)
     }
 
@@ -364,15 +372,6 @@ impl Engine {
                 .any(|d| d.gpu_uuid == gpu_uuid && d.mig.as_ref().is_some_and(|m| holds(m, gi)))
                 .then(|| describe_record(c))
         }))
-    }
-
-    pub(super) fn record_mig(&self, who: &str, uid: &str, i: usize, m: &MigRecord) -> Result<(), PrepareError> {
-        self.update_claim(who, uid, |rec| {
-            if let Some(d) = rec.devices.get_mut(i) {
-                d.mig = Some(m.clone());
-            }
-        })?;
-        Ok(())
     }
 
     /// Change one claim's record under the checkpoint lock; `None` when the claim is gone.

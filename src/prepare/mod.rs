@@ -1,10 +1,28 @@
 //! The prepare/unprepare state machine: exact MIG creation, CDI, checkpoint, rollback, recovery.
 //!
 //! Order of a dynamic MIG prepare: checkpoint the intent (PrepareStarted) → create the GI at the
-//! allocated placement → record it → create its default CI → record the CI, its MIG UUID and
-//! capability minors → write the CDI spec → PrepareCompleted. Any failure after the first NVML
-//! mutation rolls back inside the same call. Unprepare reverses it: UnprepareStarted → delete the
-//! CDI spec → destroy CI then GI (after checking they are still the ones we made) → drop the claim.
+//! allocated placement → create its default CI → read its MIG UUID and capability minors → write
+//! the CDI spec → PrepareCompleted, with the GI and CI IDs, UUID and minors. Any failure after the
+//! first NVML mutation rolls back inside the same call. Unprepare reverses it: UnprepareStarted →
+//! delete the CDI spec → destroy CI then GI (after checking they are still the ones we made) →
+//! drop the claim.
+//!
+//! Durable writes (temp file, fsync, rename, fsync of the directory) set a prepare's latency on a
+//! real disk, so each call makes two: the checkpoint writes that open and close it. Nothing in
+//! between needs one:
+//! - the intent reserves the placement against every other claim, so an instance a crash leaves
+//!   before the completion is found by profile and placement, adopted by the retry, destroyed by
+//!   an unprepare, and never swept as an orphan; its IDs need no record of their own;
+//! - the CDI spec is renamed into place without fsync: a crashed process leaves the page cache
+//!   behind, and a power loss reboots the node, so every claim is re-created and its spec written
+//!   again; within a boot, a prepared claim's missing spec is rewritten from its record;
+//! - a MIG instance never outlives a reboot, so only a process crash can leave one behind, and a
+//!   process crash loses no write that returned, synced or not.
+//!
+//! The two that stay durable are what a reboot must keep: which claims the node holds (they are
+//! re-created at the same placements) and which it gave up (a lost removal would reserve a
+//! placement for a claim the kubelet has forgotten). Their fsync also reports a write-back error
+//! (EIO, a full disk) before NVML or the kubelet is told anything.
 //!
 //! Concurrency: each GPU has its own lock ([`locks`]), so claims on different GPUs run in
 //! parallel; the checkpoint is a locked read-modify-write shared by every plugin process.

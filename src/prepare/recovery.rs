@@ -5,8 +5,13 @@
 //! - A new boot ID means every instance is gone: claims are kept, marked for re-creation, and the
 //!   kubelet's next prepare re-creates them at the same placements.
 //! - Claims caught mid-unprepare are finished.
-//! - CDI specs of claims the checkpoint does not know are removed; prepared claims whose spec is
-//!   missing or changed get it written again.
+//! - CDI specs of claims the checkpoint does not know are removed, readable or not; prepared
+//!   claims whose spec is missing or changed get it written again. Specs are not fsynced
+//!   ([`CdiWriter`](crate::cdi::CdiWriter)): this makes a spec that a power loss emptied or
+//!   brought back harmless.
+//! - A claim caught mid-prepare has only its intent in the checkpoint: its instances, if any, are
+//!   found by profile and placement, left alone by the orphan sweep, and adopted by the kubelet's
+//!   retry or destroyed by its unprepare.
 //! - MIG instances on dynamic GPUs that no claim explains are destroyed, kept or reported
 //!   (`--orphans`); instances on static GPUs are never touched.
 
@@ -116,9 +121,14 @@ impl Engine {
                 Err(e) => report.failed_unprepares.push((c.uid.clone(), e.to_string())),
             }
         }
-        if let Ok((specs, _unreadable)) = self.cdi.list() {
+        if let Ok((specs, unreadable)) = self.cdi.list() {
             let cp = self.store.read().map_err(ckpt)?;
-            for (uid, _) in specs.into_iter().filter(|(uid, _)| !cp.claims.contains_key(uid)) {
+            // Unreadable ones too: specs are not synced, so a power loss can leave one empty.
+            let uids = specs
+                .into_iter()
+                .map(|(uid, _)| uid)
+                .chain(unreadable.iter().filter_map(|(p, _)| self.cdi.claim_of(p)));
+            for uid in uids.filter(|uid| !cp.claims.contains_key(uid)) {
                 if self.cdi.remove(&uid).is_ok() {
                     report.stale_cdi_specs_removed.push(uid);
                 }

@@ -1,5 +1,6 @@
 //! Unprepare: delete the claim's CDI spec, destroy its dynamic instances (CI, then GI) after
-//! checking they are still the ones it made, and forget the claim.
+//! checking they are still the ones it made, and forget the claim. Two durable checkpoint writes:
+//! `UnprepareStarted` before anything is torn down, and the claim's removal once all is gone.
 
 use super::instances::{gone_ok, holds};
 use super::{Engine, PrepareError, Step, describe_record};
@@ -9,6 +10,11 @@ use crate::state::{ClaimState, DeviceRecord, MigOwner, MigRecord};
 impl Engine {
     /// Unprepare a claim: delete its CDI spec, destroy its dynamic instances (CI, then GI), forget
     /// it. An unknown claim succeeds.
+    ///
+    /// `UnprepareStarted` is checkpointed before the spec goes, so a crash part-way is finished by
+    /// recovery, not taken for a prepared claim whose spec needs writing again. Nothing is
+    /// written per destroyed instance: until the claim is dropped its record keeps the placement
+    /// from every other claim, so a retry finds by the record what is left, and nothing else.
     ///
     /// # Errors
     /// NVML refuses a destroy (e.g. IN_USE); the claim stays UnprepareStarted for the retry.
@@ -25,13 +31,12 @@ impl Engine {
         }
         self.cdi.remove(uid).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
         self.step(Step::CdiDeleted);
-        for (i, d) in rec.devices.iter().enumerate().rev() {
+        for d in rec.devices.iter().rev() {
             let Some(m) = d.mig.as_ref().filter(|m| m.owner == MigOwner::Dynamic) else { continue };
             if let Err(e) = self.release(uid, &who, d, m) {
                 let _ = self.update_claim(&who, uid, |r| r.last_error = Some(e.to_string()));
                 return Err(e);
             }
-            self.record_mig(&who, uid, i, &m.forgotten())?;
         }
         self.store
             .update(&self.boot_id, |cp| {

@@ -4,15 +4,17 @@
 use super::Engine;
 use std::sync::Arc;
 
-/// A point in prepare or unprepare, right after a checkpoint write or an NVML mutation. Tests
-/// kill the process (or panic) there to prove recovery.
+/// A point in prepare or unprepare, right after a checkpoint write, a CDI spec change or an NVML
+/// mutation. Tests kill the process (or panic) there to prove recovery.
+///
+/// Between `PrepareStarted` and `PrepareCompleted` the checkpoint holds the claim's intent only:
+/// `GiCreated`, `CiCreated` and `CdiWritten` are the points where instances or a spec exist that
+/// no checkpoint write has named yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {
     PrepareStarted,
     GiCreated,
-    GiRecorded,
     CiCreated,
-    CiRecorded,
     CdiWritten,
     PrepareCompleted,
     UnprepareStarted,
@@ -23,12 +25,10 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 12] = [
+    pub const ALL: [Step; 10] = [
         Self::PrepareStarted,
         Self::GiCreated,
-        Self::GiRecorded,
         Self::CiCreated,
-        Self::CiRecorded,
         Self::CdiWritten,
         Self::PrepareCompleted,
         Self::UnprepareStarted,
@@ -43,9 +43,7 @@ impl Step {
         match self {
             Self::PrepareStarted => "prepare-started",
             Self::GiCreated => "gi-created",
-            Self::GiRecorded => "gi-recorded",
             Self::CiCreated => "ci-created",
-            Self::CiRecorded => "ci-recorded",
             Self::CdiWritten => "cdi-written",
             Self::PrepareCompleted => "prepare-completed",
             Self::UnprepareStarted => "unprepare-started",

@@ -13,7 +13,7 @@
 use super::format::{decode, encode};
 use super::record::Checkpoint;
 use super::{Result, StateError};
-use crate::files::{self, Step};
+use crate::files::{self, Durability, Step};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
@@ -208,7 +208,7 @@ impl CheckpointStore {
     /// Write atomically; call with the lock held. Leaves no temp file behind on failure.
     fn write_unlocked(&self, checkpoint: &Checkpoint) -> Result<()> {
         let text = encode(checkpoint).map_err(StateError::Encode)?;
-        files::write_atomic_with(&self.path, text.as_bytes(), 0o600, |step| self.inject(step))
+        files::write_atomic_with(&self.path, text.as_bytes(), 0o600, Durability::Durable, |step| self.inject(step))
             .map_err(|e| StateError::Io { path: e.path, op: e.step.op(), source: e.source })?;
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -59,6 +59,7 @@ impl StateFile {
         let mut json =
             serde_json::to_vec_pretty(st).map_err(|e| self.error(format!("cannot encode the state: {e}")))?;
         json.push(b'\n');
-        crate::files::write_atomic(&self.path, &json, 0o644).map_err(|e| self.error(e.to_string()))
+        crate::files::write_atomic(&self.path, &json, 0o644, crate::files::Durability::Durable)
+            .map_err(|e| self.error(e.to_string()))
     }
 }
