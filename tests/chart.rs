@@ -383,6 +383,7 @@ fn values_render_what_migdra_reads() {
         ("MIGDRA_MIG_MODE", "static"),
         ("MIGDRA_DEVICE_ORDER", "ascending"),
         ("MIGDRA_DEVICE_NAMES", "slurm"),
+        ("MIGDRA_PROFILES", "1g.10gb,3g.40gb,7g.80gb"),
         ("MIGDRA_LOG_LEVEL", "debug"),
         ("MIGDRA_LOG_FORMAT", "text"),
         ("MIGDRA_METRICS_ADDR", "0.0.0.0:9400"),
