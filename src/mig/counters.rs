@@ -9,7 +9,12 @@
 //! only if NVML could create all of them at once.
 
 use super::catalog::{GiProfile, GpuModel};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{LazyLock, Mutex, PoisonError};
+
+/// Counter sets remembered by [`CounterSet::for_partitions`]; a node has a few models and
+/// allowlists, so this is never reached in practice.
+const MEMO_ENTRIES: usize = 64;
 
 pub const MULTIPROCESSORS: &str = "multiprocessors";
 pub const COPY_ENGINES: &str = "copy-engines";
@@ -106,6 +111,24 @@ impl CounterSet {
 
     /// For exactly these partitions (profile, placement start).
     pub fn for_partitions(model: &GpuModel, partitions: &[(&GiProfile, u32)]) -> Self {
+        // The proof below costs up to tens of milliseconds per GPU, and a node asks again for the
+        // same few combinations after every prepare: remember them.
+        static MEMO: LazyLock<Mutex<HashMap<String, Counters>>> = LazyLock::new(Mutex::default);
+        let placed: Vec<(u32, u32)> = partitions.iter().map(|(p, s)| (p.id, *s)).collect();
+        let key = format!("{model:?}{placed:?}");
+        if let Some(capacity) = MEMO.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+            return Self { capacity: capacity.clone() };
+        }
+        let set = Self::derive(model, partitions);
+        let mut memo = MEMO.lock().unwrap_or_else(PoisonError::into_inner);
+        if memo.len() >= MEMO_ENTRIES {
+            memo.clear();
+        }
+        memo.insert(key, set.capacity.clone());
+        set
+    }
+
+    fn derive(model: &GpuModel, partitions: &[(&GiProfile, u32)]) -> Self {
         let full = resources(model);
         let covers = |k: u32| -> Vec<usize> {
             (0..partitions.len())
@@ -240,6 +263,17 @@ mod tests {
         assert!(!fits(set.capacity(), [&used, &set.whole_gpu()]));
         let me = m.profiles.iter().find(|p| p.name == "1g.10gb+me").unwrap();
         assert!(!fits(set.capacity(), [&set.mig(me, 0), &set.mig(me, 3)]), "one OFA engine per GPU");
+    }
+
+    #[test]
+    fn remembered_sets_follow_the_model_not_its_name() {
+        let m = model("h100-80gb").unwrap();
+        assert!(CounterSet::for_model(m).capacity().contains_key(OFA_ENGINES));
+        let mut plain = m.clone();
+        plain.profiles.retain(|p| !p.name.contains("+me"));
+        assert_eq!(plain.key, m.key);
+        assert!(!CounterSet::for_model(&plain).capacity().contains_key(OFA_ENGINES), "no +me, no OFA counter");
+        assert!(CounterSet::for_model(m).capacity().contains_key(OFA_ENGINES));
     }
 
     #[test]
