@@ -36,8 +36,8 @@ pub enum ClaimError {
     NotFound { uid: String, dir: PathBuf, errors: Vec<(PathBuf, String)> },
     /// The API server did not answer the lookup; `transient` when retrying may still succeed
     /// (a timeout, a 5xx, a 429), so the kubelet's next call can.
-    #[error("failed to read claim {claim} from the API server{}: {source}",
-        if *transient { " (transient, the kubelet's retry may succeed)" } else { "" })]
+    #[error("failed to read claim {claim} from the API server{}: {}",
+        if *transient { " (transient, the kubelet's retry may succeed)" } else { "" }, crate::kube::error_text(source))]
     Api {
         claim: String,
         transient: bool,

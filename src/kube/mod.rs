@@ -30,6 +30,14 @@ pub fn transient(e: &kube::Error) -> bool {
     }
 }
 
+/// One line for an API error: kube's own text of a refusal carries the whole Status struct.
+pub fn error_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({}, HTTP {})", s.message, s.reason, s.code),
+        other => other.to_string(),
+    }
+}
+
 /// Run `call` until it succeeds, fails for good, or `budget` runs out; transient failures are
 /// retried after 100 ms, doubling up to 5 s. `what` names the call in the log.
 pub async fn retry_transient<T, F, Fut>(budget: Duration, what: &str, mut call: F) -> Result<T, kube::Error>

@@ -15,21 +15,16 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The reason in an error, cut to fit a table cell: the claim's name and UID that lead every
-/// per-claim error are dropped, temporary paths shortened, and a Kubernetes status reduced to its
-/// reason.
+/// per-claim error are dropped and temporary paths shortened.
 fn short(e: &str, tmp: &Path) -> String {
     let line = e.lines().next().unwrap_or_default().replace('|', "/").replace(&tmp.display().to_string(), "…");
-    let reason = line.split_once("): ").map_or(line.as_str(), |(_, r)| r);
-    let (text, status) = match reason.split_once(": ApiError") {
-        Some((head, rest)) => (head, rest.split("reason: \"").nth(1).and_then(|r| r.split('"').next())),
-        None => (reason, None),
+    let text = match line.strip_prefix("claim ") {
+        Some(rest) => rest.split_once("): ").map_or(line.as_str(), |(_, r)| r),
+        None => line.as_str(),
     };
-    let mut out: String = text.chars().take(110).collect();
-    if text.chars().count() > 110 {
+    let mut out: String = text.chars().take(240).collect();
+    if text.chars().count() > 240 {
         out.push('…');
-    }
-    if let Some(status) = status {
-        out.push_str(&format!(" ({status})"));
     }
     out
 }
