@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
@@ -18,4 +19,20 @@ func startDRA(ctx context.Context, m *dra.Manager, activePods dra.ActivePodsFunc
 
 func runPluginManager(_ context.Context, pm pluginmanager.PluginManager, ready config.SourcesReady, stop <-chan struct{}) {
 	pm.Run(ready, stop)
+}
+func (h recordingHandler) ValidatePlugin(name, endpoint string, versions []string) error {
+	return h.validated(name, endpoint, versions, h.inner.ValidatePlugin(name, endpoint, versions))
+}
+
+func (h recordingHandler) RegisterPlugin(name, endpoint string, versions []string, timeout *time.Duration) error {
+	return h.registered(name, endpoint, versions, h.inner.RegisterPlugin(name, endpoint, versions, timeout))
+}
+
+func (h recordingHandler) DeRegisterPlugin(name, endpoint string) {
+	h.inner.DeRegisterPlugin(name, endpoint)
+	h.deregistered(name, endpoint)
+}
+
+func updateAllocatedResourcesStatus(m *dra.Manager, pod *v1.Pod, status *v1.PodStatus) {
+	m.UpdateAllocatedResourcesStatus(pod, status)
 }

@@ -148,20 +148,18 @@ type recordingHandler struct {
 	rec   *recorder
 }
 
-func (h recordingHandler) ValidatePlugin(name, endpoint string, versions []string) error {
-	err := h.inner.ValidatePlugin(name, endpoint, versions)
+// The handler's methods are in compat.go (their signatures changed in 1.37); they call these.
+func (h recordingHandler) validated(name, endpoint string, versions []string, err error) error {
 	h.rec.add(event{Kind: "validate", Driver: name, Path: endpoint, Vers: versions, Error: errString(err)})
 	return err
 }
 
-func (h recordingHandler) RegisterPlugin(name, endpoint string, versions []string, timeout *time.Duration) error {
-	err := h.inner.RegisterPlugin(name, endpoint, versions, timeout)
+func (h recordingHandler) registered(name, endpoint string, versions []string, err error) error {
 	h.rec.add(event{Kind: "register", Driver: name, Path: endpoint, Vers: versions, Error: errString(err)})
 	return err
 }
 
-func (h recordingHandler) DeRegisterPlugin(name, endpoint string) {
-	h.inner.DeRegisterPlugin(name, endpoint)
+func (h recordingHandler) deregistered(name, endpoint string) {
 	h.rec.add(event{Kind: "deregister", Driver: name, Path: endpoint})
 }
 
@@ -498,7 +496,7 @@ func (h *harness) allocatedStatus(req request) (answer, error) {
 	for _, c := range pod.Spec.Containers {
 		status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{Name: c.Name})
 	}
-	h.dra.UpdateAllocatedResourcesStatus(pod, status)
+	updateAllocatedResourcesStatus(h.dra, pod, status)
 	return answer{"pod_uid": string(pod.UID), "container_statuses": status.ContainerStatuses}, nil
 }
 

@@ -1,0 +1,41 @@
+package main
+
+// The calls whose signatures changed between the Kubernetes versions this program is built
+// against; this is the 1.37 side (hack/kubelet/compat.go is the 1.36 one): the plugin handler's
+// methods take a context, and the pod status update a logger.
+
+import (
+	"context"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	"k8s.io/kubernetes/pkg/kubelet/config"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+)
+
+func startDRA(ctx context.Context, m *dra.Manager, activePods dra.ActivePodsFunc, getNode func(context.Context) (*v1.Node, error), ready config.SourcesReady) error {
+	return m.Start(ctx, activePods, getNode, ready)
+}
+
+func runPluginManager(ctx context.Context, pm pluginmanager.PluginManager, ready config.SourcesReady, stop <-chan struct{}) {
+	pm.Run(ctx, ready, stop)
+}
+
+func (h recordingHandler) ValidatePlugin(ctx context.Context, name, endpoint string, versions []string) error {
+	return h.validated(name, endpoint, versions, h.inner.ValidatePlugin(ctx, name, endpoint, versions))
+}
+
+func (h recordingHandler) RegisterPlugin(ctx context.Context, name, endpoint string, versions []string, timeout *time.Duration) error {
+	return h.registered(name, endpoint, versions, h.inner.RegisterPlugin(ctx, name, endpoint, versions, timeout))
+}
+
+func (h recordingHandler) DeRegisterPlugin(ctx context.Context, name, endpoint string) {
+	h.inner.DeRegisterPlugin(ctx, name, endpoint)
+	h.deregistered(name, endpoint)
+}
+
+func updateAllocatedResourcesStatus(m *dra.Manager, pod *v1.Pod, status *v1.PodStatus) {
+	m.UpdateAllocatedResourcesStatus(klog.Background(), pod, status)
+}

@@ -1,0 +1,1 @@
+../kubelet/main.go
