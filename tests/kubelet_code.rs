@@ -6,7 +6,7 @@
 //! What is real: registration through the plugin manager's socket watcher and its gRPC client;
 //! PrepareResources / GetResources / UnprepareResources / UpdateAllocatedResourcesStatus of the
 //! DRA manager with its checkpoint; the health stream; the CDI cache resolving and injecting into
-//! an OCI spec. What is not: no container runtime (the spec is checked, nothing runs), no pod
+//! an OCI spec, with the device metadata mount (KEP-5304). What is not: no container runtime (the spec is checked, nothing runs), no pod
 //! workers (the test says when to prepare), the reconcile loop for vanished pods is off, and
 //! `/dev` in the harness is a stub (its own mount namespace) with the NVIDIA nodes a GPU node has.
 //!
@@ -341,14 +341,68 @@ impl Env {
         assert!(env.contains(&format!("CUDA_VISIBLE_DEVICES={mig_uuid}").as_str()), "{env:?}");
         let instances: Vec<_> = self.instances().into_iter().filter(|(d, _)| *d == device).collect();
         assert_eq!(instances, [(device.clone(), mig_uuid.clone())], "one instance of {device}, with the status' UUID");
+        let metadata = self.metadata_in_spec(pod, &claim, c, data).await;
         println!(
-            "  {pod}: claim {claim_name} → {device}, {} in {} ms; CDI {}; spec: {} nodes (parent /dev/nvidia{parent} 195:{parent}, caps {gi_cap},{ci_cap} on major {SIM_CAPS_MAJOR}), NVIDIA_VISIBLE_DEVICES={mig_uuid}",
+            "  {pod}: claim {claim_name} → {device}, {} in {} ms; CDI {}; spec: {} nodes (parent /dev/nvidia{parent} 195:{parent}, caps {gi_cap},{ci_cap} on major {SIM_CAPS_MAJOR}), NVIDIA_VISIBLE_DEVICES={mig_uuid}; metadata at {metadata}",
             mig_uuid,
             answer["prepare_ms"],
             ids[0],
             nodes.len()
         );
         (device, mig_uuid)
+    }
+
+    /// The device metadata (KEP-5304) the CDI library put in the container's OCI spec: a read-only
+    /// bind mount at the well-known path (under the pod's name for a template claim), of a host
+    /// file that names the claim's MIG UUID, profile, placement, parent, PCI bus ID, Slurm index
+    /// and shards as the claim status does. Returns the container path.
+    async fn metadata_in_spec(&self, pod: &str, claim: &ResourceClaim, container: &Value, data: &Value) -> String {
+        let p = self.pods().get(pod).await.unwrap();
+        let entry = &p.spec.as_ref().unwrap().resource_claims.as_ref().unwrap()[0];
+        let results = claim.status.as_ref().unwrap().allocation.as_ref().unwrap().devices.as_ref().unwrap();
+        let request = &results.results.as_ref().unwrap()[0].request;
+        let claim_name = claim.metadata.name.as_deref().unwrap();
+        let dir = "/var/run/kubernetes.io/dra-device-attributes";
+        let want = match entry.resource_claim_template_name {
+            Some(_) => format!("{dir}/resourceclaimtemplates/{}/{request}/{DRIVER}-metadata.json", entry.name),
+            None => format!("{dir}/resourceclaims/{claim_name}/{request}/{DRIVER}-metadata.json"),
+        };
+        let mounts = container["mounts"].as_array().unwrap_or_else(|| panic!("no mounts in {pod}'s spec: {container}"));
+        let found: Vec<&Value> = mounts.iter().filter(|m| m["destination"] == want).collect();
+        assert_eq!(found.len(), 1, "{pod}: one mount at {want} in {mounts:?}");
+        let options: Vec<&str> = found[0]["options"].as_array().unwrap().iter().map(|o| o.as_str().unwrap()).collect();
+        assert!(options.contains(&"ro") && options.contains(&"bind"), "{options:?}");
+        let host = PathBuf::from(found[0]["source"].as_str().unwrap());
+        let want_host =
+            self.node.plugin_dir().join(format!("dra-device-metadata/{NS}_{claim_name}/{request}/metadata.json"));
+        assert_eq!(host, want_host, "the KEP's host layout under the plugin directory");
+        let bytes = std::fs::read(&host).unwrap_or_else(|e| panic!("{}: {e}", host.display()));
+        let objs: Vec<Value> =
+            serde_json::Deserializer::from_slice(&bytes).into_iter::<Value>().map(Result::unwrap).collect();
+        let versions: Vec<&str> = objs.iter().map(|o| o["apiVersion"].as_str().unwrap()).collect();
+        assert_eq!(versions, ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"]);
+        let o = &objs[0];
+        assert_eq!(o["kind"], "DeviceMetadata");
+        assert_eq!(o["metadata"]["uid"].as_str(), claim.metadata.uid.as_deref());
+        assert_eq!(o["metadata"]["name"], claim_name);
+        let d = &o["requests"][0]["devices"][0];
+        let attr =
+            |k: &str| d["attributes"][k].as_object().and_then(|v| v.values().next()).cloned().unwrap_or_default();
+        assert_eq!((d["driver"].as_str(), d["pool"].as_str()), (Some(DRIVER), Some(NODE)));
+        assert_eq!(attr("uuid"), data["migUUID"], "the created instance's MIG UUID");
+        assert_eq!(attr("profile"), data["profile"]);
+        assert_eq!(attr("placementStart"), data["placement"]["start"]);
+        assert_eq!(attr("placementSize"), data["placement"]["size"]);
+        assert_eq!(attr("parentUUID"), data["parentUUID"]);
+        assert_eq!(attr("resource.kubernetes.io/pciBusID"), data["parentPCIBusID"]);
+        assert_eq!(attr("slurmGpuIndex"), data["slurmGpuIndex"]);
+        assert_eq!(attr("slurmShards"), data["slurmShards"]);
+        want
+    }
+
+    /// The host directory of a claim's device metadata.
+    fn metadata_dir(&self, claim_name: &str) -> PathBuf {
+        self.node.plugin_dir().join(format!("dra-device-metadata/{NS}_{claim_name}"))
     }
 }
 
@@ -537,8 +591,10 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
     let after = kubelet.events().await.len();
     let mut serve = env.serve(None).await;
     register(&env, &mut kubelet, &serve, after, "restarted migdra").await;
+    let p2g_claim = env.pod_claim("p-2g").await.metadata.name.unwrap();
     let a = kubelet.unprepare(NS, "p-2g").await;
     assert_eq!(a["ok"], true, "{a}\n{}", env.diagnostics());
+    assert!(!env.metadata_dir(&p2g_claim).exists(), "unprepare removes the claim's device metadata");
     env.prepared(&mut kubelet, "p-2g").await;
     assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
 
@@ -741,8 +797,10 @@ async fn kubelet_134_registers_and_prepares() {
     println!(
         "  the 1.34 DRA manager reports no allocatedResourcesStatus for the template claim of p-134 (upstream 1.34 behaviour)"
     );
+    let claim_134 = env.pod_claim("p-134").await.metadata.name.unwrap();
     let a = kubelet.unprepare(NS, "p-134").await;
     assert_eq!(a["ok"], true, "{a}");
+    assert!(!env.metadata_dir(&claim_134).exists(), "unprepare removes the claim's device metadata");
     assert!(!env.instances().iter().any(|(d, _)| *d == device), "unprepare through 1.34 destroyed {device}");
     println!("  unprepared p-134: {device} destroyed");
     drop(serve);

@@ -704,3 +704,190 @@ fn eight_claims_on_eight_gpus_run_in_parallel() {
     assert!(eight < one * 4, "eight took {eight:?}, one {one:?}: not parallel");
     assert!(one >= Duration::from_millis(600));
 }
+
+/// A request's device metadata file (KEP-5304) as the engine wrote it: each object of the stream.
+fn metadata_objects(node: &Node, claim_name: &str, request: &str) -> Vec<serde_json::Value> {
+    let path = node.metadata_file(claim_name, request);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::Deserializer::from_slice(&bytes).into_iter::<serde_json::Value>().map(Result::unwrap).collect()
+}
+
+impl Node {
+    /// Where the engine keeps a claim's metadata (`Options::new`: under the state directory).
+    fn metadata_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("state").join("dra-device-metadata")
+    }
+
+    fn metadata_file(&self, claim_name: &str, request: &str) -> std::path::PathBuf {
+        self.metadata_dir().join(format!("ns_{claim_name}")).join(request).join("metadata.json")
+    }
+}
+
+/// The metadata mounts of a claim's CDI spec: (device, hostPath, containerPath, options).
+fn metadata_mounts(node: &Node, uid: &str) -> Vec<(String, String, String, Vec<String>)> {
+    let spec = engine_spec(node, uid);
+    let mut out = Vec::new();
+    for d in spec["devices"].as_array().unwrap() {
+        for m in d["containerEdits"]["mounts"].as_array().into_iter().flatten() {
+            let options = m["options"].as_array().unwrap().iter().map(|o| o.as_str().unwrap().to_string()).collect();
+            out.push((
+                d["name"].as_str().unwrap().to_string(),
+                m["hostPath"].as_str().unwrap().to_string(),
+                m["containerPath"].as_str().unwrap().to_string(),
+                options,
+            ));
+        }
+    }
+    out
+}
+
+fn attr<'a>(device: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
+    let a = &device["attributes"][key];
+    a.as_object().and_then(|o| o.values().next()).unwrap_or_else(|| panic!("no attribute {key} in {device}"))
+}
+
+/// Every container of a claim gets a file that says what it got, at the path KEP-5304 names, with
+/// the created instance's MIG UUID, profile, placement, parent UUID and PCI bus ID, Slurm index and
+/// shards; unprepare takes it away. A claim made from a template is found under the pod's name.
+#[test]
+fn device_metadata_says_what_the_container_got_and_goes_with_the_claim() {
+    let node = Node::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 9, 4);
+    let out = engine.prepare(&claim("m"), &[result(&dev)]).unwrap();
+    let status = &out[0].status;
+    let mig_uuid = status.mig_uuid.clone().unwrap();
+    let gi = node.instances()[0].1.clone();
+    let ci = &node.sim.compute_instances(&node.uuid(0), gi.id).unwrap()[0];
+    assert_eq!(mig_uuid, ci.uuid, "the UUID of the instance this prepare created");
+
+    let objs = metadata_objects(&node, "claim-m", "gpu");
+    let versions: Vec<&str> = objs.iter().map(|o| o["apiVersion"].as_str().unwrap()).collect();
+    assert_eq!(versions, ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"]);
+    let o = &objs[0];
+    assert_eq!((o["kind"].as_str(), o["metadata"]["name"].as_str()), (Some("DeviceMetadata"), Some("claim-m")));
+    assert_eq!((o["metadata"]["namespace"].as_str(), o["metadata"]["uid"].as_str()), (Some("ns"), Some("m")));
+    assert_eq!(o["requests"][0]["name"], "gpu");
+    let d = &o["requests"][0]["devices"][0];
+    assert_eq!(
+        (d["driver"].as_str(), d["pool"].as_str(), d["name"].as_str()),
+        (Some(DRIVER), Some(NODE), Some(dev.as_str()))
+    );
+    assert_eq!(attr(d, "uuid"), mig_uuid.as_str());
+    assert_eq!(attr(d, "profile"), "3g.40gb");
+    assert_eq!((attr(d, "placementStart"), attr(d, "placementSize")), (&serde_json::json!(4), &serde_json::json!(4)));
+    assert_eq!(attr(d, "parentUUID"), node.uuid(0).as_str());
+    assert_eq!(attr(d, "resource.kubernetes.io/pciBusID"), status.parent_pci_bus_id.as_str());
+    assert_eq!(attr(d, "slurmGpuIndex"), &serde_json::json!(status.slurm_gpu_index.unwrap()));
+    assert_eq!(attr(d, "slurmShards"), &serde_json::json!(status.slurm_shards));
+    assert!(d["attributes"].as_object().unwrap().len() <= 32, "v1beta1 allows 32 attributes");
+
+    let mounts = metadata_mounts(&node, "m");
+    let container =
+        format!("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/claim-m/gpu/{DRIVER}-metadata.json");
+    let host = node.metadata_file("claim-m", "gpu").display().to_string();
+    assert_eq!(mounts, [(format!("m-{dev}"), host, container, vec!["ro".to_string(), "bind".into()])]);
+    engine.unprepare("m").unwrap();
+    assert!(!node.metadata_dir().join("ns_claim-m").exists(), "unprepare removes the claim's files");
+
+    // From a template: the pod knows the claim by its own name for it, so the file is there.
+    let whole = format!("gpu-{}", node.minor(1));
+    let templated = migdra::claims::Claim {
+        claim: claim("t"),
+        results: vec![
+            result(&mig_name(node.minor(0), model, 19, 0)),
+            AllocationResult { request: "big".into(), ..result(&whole) },
+        ],
+        pod_claim_name: Some("trainer".into()),
+    };
+    let out = engine.prepare_claim(&templated).unwrap();
+    let mounts = metadata_mounts(&node, "t");
+    let paths: Vec<&str> = mounts.iter().map(|m| m.2.as_str()).collect();
+    let base = "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/trainer";
+    assert_eq!(paths, [format!("{base}/gpu/{DRIVER}-metadata.json"), format!("{base}/big/{DRIVER}-metadata.json")]);
+    assert_eq!(metadata_objects(&node, "claim-t", "gpu")[0]["podClaimName"], "trainer");
+    let big = metadata_objects(&node, "claim-t", "big");
+    let d = &big[0]["requests"][0]["devices"][0];
+    assert_eq!((attr(d, "type"), attr(d, "uuid")), (&"gpu".into(), &node.uuid(1).as_str().into()), "a whole GPU");
+    assert_eq!(attr(d, "slurmShards"), &serde_json::json!(out[1].status.slurm_shards));
+    engine.unprepare("t").unwrap();
+    assert_eq!(std::fs::read_dir(node.metadata_dir()).unwrap().count(), 0);
+}
+
+/// A pre-created (static) instance gets its metadata too, with the administrator's UUID.
+#[test]
+fn a_static_instance_has_its_metadata() {
+    let node = Node::new("h100-80gb:1");
+    let g = node.uuid(0);
+    let gi = node.sim.create_gpu_instance(&g, 14, 4).unwrap();
+    let ci = node.sim.create_compute_instance(&g, gi.id, 1).unwrap();
+    let mut opts = node.options();
+    opts.mig_mode = GpuMode::Static;
+    let engine = node.engine_with(opts);
+    let model = catalog::model("h100-80gb").unwrap();
+    engine.prepare(&claim("s"), &[result(&mig_name(node.minor(0), model, 14, 4))]).unwrap();
+    let d = &metadata_objects(&node, "claim-s", "gpu")[0]["requests"][0]["devices"][0];
+    assert_eq!((attr(d, "uuid"), attr(d, "profile")), (&ci.uuid.as_str().into(), &"2g.20gb".into()));
+    assert_eq!(attr(d, "migMode"), "static");
+    engine.unprepare("s").unwrap();
+    assert!(!node.metadata_file("claim-s", "gpu").exists());
+}
+
+/// A metadata directory that cannot be written fails the prepare with one line naming the path,
+/// and leaves nothing: no instance, no CDI spec, no checkpoint entry. Once fixed, the retry works.
+#[test]
+fn an_unwritable_metadata_directory_fails_the_prepare_and_leaves_nothing() {
+    let node = Node::new("h100-80gb:1");
+    let blocked = node.dir.path().join("blocked");
+    std::fs::write(&blocked, "a file where the metadata directory should be").unwrap();
+    let mut opts = node.options();
+    opts.metadata_dir = blocked.clone();
+    let engine = node.engine_with(opts);
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 9, 4);
+    let err = engine.prepare(&claim("x"), &[result(&dev)]).unwrap_err().to_string();
+    println!("{err}");
+    assert!(!err.contains('\n'), "one line: {err}");
+    assert!(err.contains(&blocked.join("ns_claim-x").display().to_string()), "names the path: {err}");
+    assert!(node.instances().is_empty(), "the created instance is rolled back");
+    assert_eq!(node.cdi_files(), 0);
+    assert!(engine.checkpoint().unwrap().claims.is_empty());
+    std::fs::remove_file(&blocked).unwrap();
+    engine.prepare(&claim("x"), &[result(&dev)]).unwrap();
+    assert!(blocked.join("ns_claim-x/gpu/metadata.json").is_file());
+}
+
+/// Recovery writes a prepared claim's lost metadata again and removes the files of claims the
+/// checkpoint does not hold; `migdra cleanup` finds and removes the latter too.
+#[test]
+fn recovery_repairs_metadata_and_removes_stale_files() {
+    let node = Node::new("h100-80gb:1");
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 9, 4);
+    node.engine().prepare(&claim("a"), &[result(&dev)]).unwrap();
+    let file = node.metadata_file("claim-a", "gpu");
+    let written = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let stale = node.metadata_file("gone", "gpu");
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    std::fs::write(&stale, "{}").unwrap();
+
+    let report = node.engine().recover().unwrap();
+    assert_eq!(report.stale_metadata_removed, ["ns/gone"]);
+    assert_eq!(report.repaired_cdi_specs, [("a".to_string(), "missing")]);
+    assert_eq!(std::fs::read(&file).unwrap(), written);
+    assert!(!node.metadata_dir().join("ns_gone").exists());
+
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    std::fs::write(&stale, "{}").unwrap();
+    std::fs::write(&file, "{}").unwrap();
+    let engine = node.engine();
+    let dry = engine.cleanup(true).unwrap();
+    assert_eq!(dry.stale_metadata.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["gone"]);
+    assert_eq!(dry.broken_cdi_specs[0].problem, "metadata altered");
+    let done = engine.cleanup(false).unwrap();
+    assert_eq!(done.stale_metadata[0].outcome.action, "removed");
+    assert!(!node.metadata_dir().join("ns_gone").exists());
+    assert_eq!(std::fs::read(&file).unwrap(), written);
+}

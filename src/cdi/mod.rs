@@ -10,11 +10,15 @@
 //!
 //! Every path built from claim data is checked first: a claim UID must be `[a-z0-9-]{1,64}`, so no
 //! spec can land outside the directory.
+//!
+//! The first device of each request also bind-mounts that request's device metadata file
+//! ([`metadata`], KEP-5304) read-only at its well-known container path.
 
+pub mod metadata;
 mod spec;
 mod writer;
 
-pub use spec::{CDI_VERSION, ContainerEdits, Spec, SpecDevice, SpecDeviceNode};
+pub use spec::{CDI_VERSION, ContainerEdits, Spec, SpecDevice, SpecDeviceNode, SpecMount};
 pub use writer::{CdiWriter, SpecState, Unreadable};
 
 use std::path::PathBuf;
@@ -44,6 +48,9 @@ pub enum CdiError {
         #[source]
         source: std::io::Error,
     },
+    /// A name that would not make a safe metadata path.
+    #[error("invalid {field} {value:?} for a device metadata path: expected {expected}")]
+    BadMetadataName { field: &'static str, value: String, expected: &'static str },
     /// A spec file that is not a CDI spec of this driver.
     #[error("failed to parse CDI spec {}: {reason}", path.display())]
     Parse { path: PathBuf, reason: String },
@@ -76,6 +83,18 @@ impl DeviceNode {
     }
 }
 
+/// A read-only bind mount of one host file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Absolute path on the host, as the runtime sees it.
+    pub host_path: String,
+    /// Absolute path in the container.
+    pub container_path: String,
+}
+
+/// Options of every mount migdra writes: the container reads the file and cannot change it.
+pub const MOUNT_OPTIONS: [&str; 2] = ["ro", "bind"];
+
 /// One device of a claim's spec, before it is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CdiDevice {
@@ -84,6 +103,8 @@ pub struct CdiDevice {
     /// Environment variables, in order.
     pub env: Vec<(String, String)>,
     pub device_nodes: Vec<DeviceNode>,
+    /// Files bind-mounted read-only; see [`with_mount`].
+    pub mounts: Vec<Mount>,
 }
 
 /// The control nodes every GPU or MIG device needs: the driver's control node and unified memory.
@@ -125,14 +146,23 @@ pub fn mig_device(
     for minor in [gi_cap_minor, ci_cap_minor] {
         device_nodes.push(DeviceNode::char_device(cap_path(minor), caps_major, minor, CAP_FILE_MODE));
     }
-    CdiDevice { name, env: visible_devices(mig_uuid), device_nodes }
+    CdiDevice { name, env: visible_devices(mig_uuid), device_nodes, mounts: Vec::new() }
 }
 
 /// The edits for a whole GPU.
 pub fn gpu_device(name: String, minor: u32, gpu_uuid: &str) -> CdiDevice {
     let mut device_nodes: Vec<DeviceNode> = CONTROL_NODES.iter().map(|p| DeviceNode::host(*p)).collect();
     device_nodes.push(DeviceNode::host(format!("/dev/nvidia{minor}")));
-    CdiDevice { name, env: visible_devices(gpu_uuid), device_nodes }
+    CdiDevice { name, env: visible_devices(gpu_uuid), device_nodes, mounts: Vec::new() }
+}
+
+/// Add a read-only bind mount of `host_path` at `container_path` to a device's edits: how a
+/// request's device metadata file reaches the containers that use the request.
+pub fn with_mount(mut device: CdiDevice, host_path: &std::path::Path, container_path: &str) -> CdiDevice {
+    device
+        .mounts
+        .push(Mount { host_path: host_path.display().to_string(), container_path: container_path.to_string() });
+    device
 }
 
 /// `/dev/nvidia-caps/nvidia-cap<minor>`.
@@ -190,9 +220,16 @@ impl CdiDevice {
                 return bad(format!("environment variable {k} has a NUL byte in its value"));
             }
         }
+        for m in &self.mounts {
+            for p in [&m.host_path, &m.container_path] {
+                if !is_clean_absolute(p) {
+                    return bad(format!("mount path {p:?} must be absolute, without '..' or NUL"));
+                }
+            }
+        }
         for node in &self.device_nodes {
             let p = &node.path;
-            if !p.starts_with('/') || p.contains('\0') || p.split('/').any(|c| c == "..") {
+            if !is_clean_absolute(p) {
                 return bad(format!("device node path {p:?} must be absolute, without '..' or NUL"));
             }
             if node.major.is_some() != node.minor.is_some() {
@@ -216,8 +253,21 @@ impl CdiDevice {
             })
             .collect();
         let env = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        SpecDevice { name: self.name.clone(), container_edits: ContainerEdits { env, device_nodes } }
+        let mounts = self
+            .mounts
+            .iter()
+            .map(|m| SpecMount {
+                host_path: m.host_path.clone(),
+                container_path: m.container_path.clone(),
+                options: MOUNT_OPTIONS.map(String::from).to_vec(),
+            })
+            .collect();
+        SpecDevice { name: self.name.clone(), container_edits: ContainerEdits { env, device_nodes, mounts } }
     }
+}
+
+fn is_clean_absolute(p: &str) -> bool {
+    p.starts_with('/') && !p.contains('\0') && !p.split('/').any(|c| c == "..")
 }
 
 #[cfg(test)]
@@ -319,12 +369,25 @@ mod tests {
                 },
                 "both major and minor",
             ),
+            (with_mount(ok.clone(), std::path::Path::new("rel/m.json"), "/m.json"), "mount path"),
+            (with_mount(ok.clone(), std::path::Path::new("/m.json"), "/a/../m.json"), "mount path"),
         ];
         for (device, want) in cases {
             let err = device.validate().unwrap_err();
             assert!(matches!(err, CdiError::BadDevice { .. }), "{err}");
             assert!(err.to_string().contains(want), "{err} lacks {want}");
         }
+    }
+
+    #[test]
+    fn a_mount_is_read_only_bind_in_the_spec() {
+        let d = with_mount(gpu_device("u-gpu-0".into(), 0, "GPU-1"), std::path::Path::new("/h/m.json"), "/c/m.json");
+        assert!(d.validate().is_ok());
+        let m = &d.to_spec().container_edits.mounts;
+        assert_eq!(
+            serde_json::to_value(m).unwrap(),
+            serde_json::json!([{"hostPath": "/h/m.json", "containerPath": "/c/m.json", "options": ["ro", "bind"]}])
+        );
     }
 
     #[test]

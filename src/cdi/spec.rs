@@ -2,9 +2,9 @@
 //!
 //! Field names follow the CDI specification (cncf-tags/container-device-interface `SPEC.md`,
 //! `specs-go/config.go`): camelCase JSON, `env` as `KEY=VALUE` strings, device nodes with
-//! `path`/`type`/`major`/`minor`/`fileMode`/`permissions`. Reading ignores every field migdra does
-//! not write (hooks, mounts, annotations), so a spec edited by hand or by a newer migdra still
-//! parses.
+//! `path`/`type`/`major`/`minor`/`fileMode`/`permissions`, mounts with
+//! `hostPath`/`containerPath`/`options`. Reading ignores every field migdra does not write (hooks,
+//! annotations), so a spec edited by hand or by a newer migdra still parses.
 
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +36,7 @@ pub struct SpecDevice {
     pub container_edits: ContainerEdits,
 }
 
-/// The container edits migdra uses: environment and device nodes.
+/// The container edits migdra uses: environment, device nodes and mounts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerEdits {
@@ -46,6 +46,20 @@ pub struct ContainerEdits {
     /// Device nodes to create in the container and allow in its device cgroup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<SpecDeviceNode>,
+    /// Bind mounts; migdra's one is the device metadata file (KEP-5304).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<SpecMount>,
+}
+
+/// A mount as the spec file holds it (CDI `specs-go` `Mount`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecMount {
+    pub host_path: String,
+    pub container_path: String,
+    /// Mount options, e.g. `ro`, `bind`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
 }
 
 /// A device node as the spec file holds it.
@@ -120,6 +134,8 @@ mod tests {
         assert_eq!(dev.env("EMPTY"), Some(""));
         assert_eq!(dev.env("NVIDIA"), None);
         assert_eq!(dev.container_edits.device_nodes[0].path, "/dev/nvidia0");
+        assert_eq!(dev.container_edits.mounts[0].container_path, "/b");
+        assert!(dev.container_edits.mounts[0].options.is_empty());
         assert_eq!(spec.qualified_ids(), ["mig.slinky.slurm.net/claim=u-gpu-0"]);
     }
 

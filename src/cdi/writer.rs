@@ -264,7 +264,7 @@ impl SpecState {
     }
 }
 
-fn on_disk(path: &Path, want: &[u8]) -> Result<SpecState> {
+pub(super) fn on_disk(path: &Path, want: &[u8]) -> Result<SpecState> {
     match fs::read(path) {
         Ok(have) if have == want => Ok(SpecState::Intact),
         Ok(_) => Ok(SpecState::Altered),
@@ -435,7 +435,12 @@ mod tests {
         dup.push(dup[0].clone());
         let err = w.write(UID, &dup).unwrap_err();
         assert!(err.to_string().contains("appears twice"), "{err}");
-        let bad = vec![CdiDevice { name: "x/y".into(), env: vec![], device_nodes: vec![DeviceNode::host("/dev/a")] }];
+        let bad = vec![CdiDevice {
+            name: "x/y".into(),
+            env: vec![],
+            device_nodes: vec![DeviceNode::host("/dev/a")],
+            mounts: vec![],
+        }];
         assert!(matches!(w.write(UID, &bad), Err(CdiError::BadDevice { .. })));
         assert!(!dir.exists());
     }

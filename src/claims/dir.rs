@@ -105,7 +105,7 @@ impl ClaimSource for DirSource {
             });
         }
         match found.results {
-            Some(results) => Ok(Some(Claim { claim: found.claim, results })),
+            Some(results) => Ok(Some(Claim { claim: found.claim, results, pod_claim_name: found.pod_claim_name })),
             None => Err(ClaimError::NotAllocated { claim: found.claim.to_string(), file }),
         }
     }
@@ -140,6 +140,7 @@ mod tests {
                 result("nic", "net.example.com", "node-a-nics", "eth-2", None),
                 result("monitor", "mig.slinky.slurm.net", "node-a", "gpu-1", Some(true)),
             ],
+            pod_claim_name: Some("gpu".into()),
         }
     }
 

@@ -100,6 +100,10 @@ pub struct Claim {
     pub claim: ClaimRef,
     /// Every result of the allocation, of every driver, in order.
     pub results: Vec<AllocationResult>,
+    /// The pod's name for a claim made from a template (annotation
+    /// `resource.kubernetes.io/pod-claim-name`): where the device metadata goes in the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_claim_name: Option<String>,
 }
 
 /// Where prepare looks up a claim's allocation.

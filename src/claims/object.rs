@@ -1,6 +1,7 @@
 //! ResourceClaim objects in files, as the API server and `kubectl get -o json|yaml` print them.
 //!
-//! Only `metadata.{uid,namespace,name}` and `status.allocation.devices.results[]` are read; every
+//! Only `metadata.{uid,namespace,name}`, the pod-claim-name annotation and
+//! `status.allocation.devices.results[]` are read; every
 //! other field is ignored, so claims of newer API servers (extra result fields, tolerations,
 //! binding conditions) still parse. A file holds one object, a `List` of objects, or (YAML) several
 //! documents; objects of other kinds are skipped.
@@ -18,6 +19,8 @@ pub struct FoundClaim {
     pub claim: ClaimRef,
     /// `status.allocation.devices.results`; `None` when the claim has no allocation.
     pub results: Option<Vec<AllocationResult>>,
+    /// The pod's name for a claim made from a template.
+    pub pod_claim_name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -34,6 +37,8 @@ struct RawMeta {
     namespace: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    annotations: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Deserialize)]
@@ -126,6 +131,10 @@ fn collect(v: Value, inherited: Option<(&str, &str)>, found: &mut Vec<FoundClaim
                 namespace: raw.metadata.namespace.unwrap_or_default(),
                 name: raw.metadata.name.unwrap_or_default(),
             },
+            pod_claim_name: raw
+                .metadata
+                .annotations
+                .and_then(|mut a| a.remove(crate::cdi::metadata::POD_CLAIM_NAME_ANNOTATION)),
             results: raw
                 .status
                 .and_then(|s| s.allocation)

@@ -95,6 +95,8 @@ pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliEr
     };
     let mut opts =
         Options::new(&global.node.driver_name, &node_name(global), state_dir(global), global.node.cdi_dir.clone());
+    // KEP-5304 puts the files in the plugin directory, wherever the state goes.
+    opts.metadata_dir = plugin_dir(global).join(crate::cdi::metadata::SUBDIR);
     opts.mig_mode = mode(global.node.mig_mode);
     opts.orphans = global.node.orphans;
     opts.device_names = global.node.device_names.into();

@@ -71,7 +71,7 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
                 .get(&wanted)
                 .map_err(|e| CliError::Usage(e.to_string()))?
                 .ok_or_else(|| CliError::Usage(format!("no claim with UID {uid} in {}", dir.display())))?;
-            let prepared = engine.prepare(&claim.claim, &claim.results).map_err(|e| CliError::Failed(e.to_string()))?;
+            let prepared = engine.prepare_claim(&claim).map_err(|e| CliError::Failed(e.to_string()))?;
             match global.output {
                 Format::Json | Format::Yaml => {
                     let view: Vec<_> = prepared

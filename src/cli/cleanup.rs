@@ -1,4 +1,5 @@
-//! `migdra cleanup`: MIG instances no claim explains (dynamic GPUs only), CDI specs without a claim,
+//! `migdra cleanup`: MIG instances no claim explains (dynamic GPUs only), CDI specs and device
+//! metadata without a claim,
 //! prepared claims whose spec is missing or changed, and prepared claims whose instance is gone. `--dry-run` prints what it would do and changes
 //! nothing; without it the same list is done, each change re-checked under the daemon's own lock,
 //! so it is safe next to a running `migdra serve`. Exit 1 when any change failed.
@@ -51,6 +52,14 @@ fn table(r: &CleanupReport, out: &mut dyn Write) -> std::io::Result<()> {
             "stale CDI spec".into(),
             s.path.clone(),
             format!("claim {} is not in the checkpoint", s.claim_uid),
+            action(&s.outcome),
+        ]);
+    }
+    for s in &r.stale_metadata {
+        rows.push(vec![
+            "stale device metadata".into(),
+            s.path.clone(),
+            format!("claim {}/{} is not in the checkpoint", s.namespace, s.name),
             action(&s.outcome),
         ]);
     }

@@ -82,6 +82,12 @@ impl ClaimSource for KubeClaimSource {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(Some(Claim { claim: claim.clone(), results }))
+        let pod_claim_name = found
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::cdi::metadata::POD_CLAIM_NAME_ANNOTATION))
+            .cloned();
+        Ok(Some(Claim { claim: claim.clone(), results, pod_claim_name }))
     }
 }

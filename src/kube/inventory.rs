@@ -13,20 +13,7 @@ use crate::prepare::{Engine, GpuEntry};
 
 /// What the device model needs to know about an engine's GPU.
 pub fn identity(gpu: &GpuEntry) -> GpuIdentity {
-    let i = &gpu.info;
-    GpuIdentity {
-        index: i.index,
-        minor: i.minor,
-        uuid: i.uuid.clone(),
-        pci_bus_id: i.pci_bus_id.clone(),
-        product_name: i.product_name.clone(),
-        memory_mib: i.memory_mib,
-        driver_version: i.driver_version.clone(),
-        cuda_compute_capability: i.cuda_compute_capability,
-        slurm_index: gpu.slurm.index,
-        slurm_index_source: gpu.slurm.source.as_str().into(),
-        shards_per_gpu: gpu.slurm.shards,
-    }
+    gpu.identity()
 }
 
 /// The MIG instances on a GPU that have a compute instance, so a MIG UUID; a GPU instance without

@@ -6,7 +6,7 @@
 //! [`crate::metrics::METRICS`].
 
 use super::PluginState;
-use crate::claims::{ClaimError, ClaimRef, ClaimSource};
+use crate::claims::{Claim, ClaimError, ClaimRef, ClaimSource};
 use crate::metrics::METRICS;
 use crate::prepare::{Engine, PrepareError, PreparedDevice, Reporter};
 use std::collections::BTreeMap;
@@ -265,7 +265,9 @@ fn prepare_one(
     let ours = found.results.iter().filter(|r| r.driver == engine.options().driver);
     let names: Vec<&str> = ours.map(|r| r.device.as_str()).collect();
     span.record("device", names.join(","));
-    engine.prepare(claim, &found.results).map_err(ClaimFailure::Prepare)
+    // The kubelet's reference: the source matched it, and it is what the engine reports on.
+    let found = Claim { claim: claim.clone(), ..found };
+    engine.prepare_claim(&found).map_err(ClaimFailure::Prepare)
 }
 
 #[cfg(test)]

@@ -4,8 +4,10 @@
 //! - **Orphans**: MIG instances on dynamic GPUs that no claim in the checkpoint explains; destroyed
 //!   (CI, then GI). Instances on static GPUs are an administrator's and never appear here.
 //! - **Stale CDI specs**: specs of this driver whose claim the checkpoint does not hold; removed.
-//! - **Broken CDI specs**: prepared claims whose spec was deleted or changed on disk, so their
-//!   containers could not start (`unresolvable CDI devices`); written again.
+//! - **Stale device metadata**: metadata files (KEP-5304) of claims the checkpoint does not hold;
+//!   removed.
+//! - **Broken CDI specs**: prepared claims whose spec or metadata file was deleted or changed on
+//!   disk, so their containers could not start (`unresolvable CDI devices`); written again.
 //! - **Lost claims**: prepared claims whose instance (or GPU) is gone; their instance IDs are
 //!   forgotten and they are marked for re-creation, as after a reboot, so the kubelet's next
 //!   prepare makes them again and an unprepare succeeds.
@@ -50,6 +52,7 @@ pub struct CleanupReport {
     pub dry_run: bool,
     pub orphans: Vec<OrphanInstance>,
     pub stale_cdi_specs: Vec<StaleSpec>,
+    pub stale_metadata: Vec<StaleMetadata>,
     pub broken_cdi_specs: Vec<BrokenSpec>,
     pub lost_claims: Vec<LostClaim>,
 }
@@ -61,6 +64,7 @@ impl CleanupReport {
             .iter()
             .map(|o| &o.outcome)
             .chain(self.stale_cdi_specs.iter().map(|s| &s.outcome))
+            .chain(self.stale_metadata.iter().map(|s| &s.outcome))
             .chain(self.broken_cdi_specs.iter().map(|s| &s.outcome))
             .chain(self.lost_claims.iter().map(|c| &c.outcome))
             .any(|o| o.error.is_some())
@@ -70,6 +74,7 @@ impl CleanupReport {
     pub fn is_empty(&self) -> bool {
         self.orphans.is_empty()
             && self.stale_cdi_specs.is_empty()
+            && self.stale_metadata.is_empty()
             && self.broken_cdi_specs.is_empty()
             && self.lost_claims.is_empty()
     }
@@ -122,7 +127,18 @@ pub struct StaleSpec {
     pub outcome: Outcome,
 }
 
-/// A prepared claim whose CDI spec is not what migdra wrote.
+/// Device metadata files of a claim the checkpoint does not hold.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaleMetadata {
+    pub namespace: String,
+    pub name: String,
+    pub path: String,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// A prepared claim whose CDI spec or metadata is not what migdra wrote.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BrokenSpec {
@@ -130,7 +146,7 @@ pub struct BrokenSpec {
     pub namespace: String,
     pub name: String,
     pub path: String,
-    /// `missing` or `altered`.
+    /// `missing` or `altered` (the spec), `metadata missing` or `metadata altered`.
     pub problem: &'static str,
     #[serde(flatten)]
     pub outcome: Outcome,
@@ -173,6 +189,7 @@ impl Engine {
         }
         report.orphans = self.clean_orphans(&cp, &instances, dry_run)?;
         report.stale_cdi_specs = self.clean_specs(&cp, dry_run)?;
+        report.stale_metadata = self.clean_metadata(&cp, dry_run)?;
         report.lost_claims = self.clean_lost(&cp, &instances, dry_run);
         let lost: Vec<&str> = report.lost_claims.iter().map(|l| l.uid.as_str()).collect();
         report.broken_cdi_specs = self.clean_broken(&cp, &lost, dry_run);
@@ -276,7 +293,47 @@ impl Engine {
         Ok(out)
     }
 
-    /// Prepared claims whose spec is missing or changed; a lost claim is left to its re-creation.
+    fn clean_metadata(&self, cp: &Checkpoint, dry_run: bool) -> Result<Vec<StaleMetadata>, CleanupError> {
+        let held =
+            |cp: &Checkpoint, ns: &str, name: &str| cp.claims.values().any(|c| c.namespace == ns && c.name == name);
+        let found = self.metadata.claims().map_err(CleanupError::Cdi)?;
+        let mut out: Vec<StaleMetadata> = found
+            .into_iter()
+            .filter(|(ns, name)| !held(cp, ns, name))
+            .map(|(ns, name)| StaleMetadata {
+                path: self.metadata.claim_dir(&ns, &name).map(|p| p.display().to_string()).unwrap_or_default(),
+                namespace: ns,
+                name,
+                outcome: Outcome::planned(true, "would remove", ""),
+            })
+            .collect();
+        if dry_run || out.is_empty() {
+            return Ok(out);
+        }
+        // Under the checkpoint lock: a prepare records its claim there before writing its files.
+        let done = self.store.update(&self.boot_id, |now| {
+            for s in &mut out {
+                s.outcome = if held(now, &s.namespace, &s.name) {
+                    Outcome::skipped("its claim was prepared meanwhile")
+                } else {
+                    match self.metadata.remove(&s.namespace, &s.name) {
+                        Ok(()) => Outcome::planned(false, "", "removed"),
+                        Err(e) => Outcome::failed(e),
+                    }
+                };
+            }
+            Ok::<_, std::convert::Infallible>(())
+        });
+        if let Err(e) = done {
+            for s in &mut out {
+                s.outcome = Outcome::failed(format!("checkpoint: {e}"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Prepared claims whose spec or metadata is missing or changed; a lost claim is left to its
+    /// re-creation.
     fn clean_broken(&self, cp: &Checkpoint, lost: &[&str], dry_run: bool) -> Vec<BrokenSpec> {
         let mut out = Vec::new();
         for c in cp.claims.values() {
@@ -284,11 +341,21 @@ impl Engine {
                 continue;
             }
             let who = super::describe_record(c);
-            let problem = match self.spec_devices(&who, &c.uid, &c.devices).and_then(|d| {
-                self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: who, source })
-            }) {
-                Ok(cdi::SpecState::Intact) => continue,
-                Ok(state) => state.as_str(),
+            let spec = self.claim_spec(&who, c).and_then(|d| {
+                self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: who.clone(), source })
+            });
+            let state = match spec {
+                Ok(cdi::SpecState::Intact) => self.check_metadata(&who, c).map(|m| match m {
+                    cdi::SpecState::Intact => None,
+                    cdi::SpecState::Missing => Some("metadata missing"),
+                    cdi::SpecState::Altered => Some("metadata altered"),
+                }),
+                Ok(state) => Ok(Some(state.as_str())),
+                Err(e) => Err(e),
+            };
+            let problem = match state {
+                Ok(None) => continue,
+                Ok(Some(problem)) => problem,
                 Err(e) => {
                     out.push(self.broken(c, "unknown", Outcome::failed(e)));
                     continue;

@@ -7,7 +7,7 @@ use super::instances::{destroy_gi, holds};
 use super::plan::{self, PlannedDevice};
 use super::{Engine, PrepareError, PreparedDevice, Step, describe, describe_record, status_data};
 use crate::cdi;
-use crate::claims::{AllocationResult, ClaimRef};
+use crate::claims::{AllocationResult, Claim, ClaimRef};
 use crate::gpu::{GpuError, GpuInstance};
 use crate::mig::naming;
 use crate::slurm::{self, GpuSlurm};
@@ -27,6 +27,24 @@ impl Engine {
     /// # Errors
     /// Only this claim fails; whatever this call created has been destroyed again.
     pub fn prepare(&self, claim: &ClaimRef, results: &[AllocationResult]) -> Result<Vec<PreparedDevice>, PrepareError> {
+        self.prepare_with(claim, results, None)
+    }
+
+    /// [`Engine::prepare`] for a claim as its source found it: a claim made from a template gets
+    /// its device metadata where its pod looks for it (under the pod's name for the claim).
+    ///
+    /// # Errors
+    /// As [`Engine::prepare`].
+    pub fn prepare_claim(&self, claim: &Claim) -> Result<Vec<PreparedDevice>, PrepareError> {
+        self.prepare_with(&claim.claim, &claim.results, claim.pod_claim_name.as_deref())
+    }
+
+    fn prepare_with(
+        &self,
+        claim: &ClaimRef,
+        results: &[AllocationResult],
+        pod_claim_name: Option<&str>,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let _claim = self.claims.lock(&claim.uid);
         let who = describe(claim);
         let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
@@ -44,8 +62,10 @@ impl Engine {
         }
         // Only before a new prepare: a running claim is not failed because Slurm's order changed.
         self.check_slurm_prefixes(claim, &who, &planned)?;
-        let record =
-            self.store.update(&self.boot_id, |cp| self.start(cp, claim, &who, &planned, &names)).map_err(ckpt)??;
+        let record = self
+            .store
+            .update(&self.boot_id, |cp| self.start(cp, claim, pod_claim_name, &who, &planned, &names))
+            .map_err(ckpt)??;
         self.step(Step::PrepareStarted);
 
         let mut held = vec![Held::default(); planned.len()];
@@ -109,6 +129,7 @@ impl Engine {
         &self,
         cp: &mut Checkpoint,
         claim: &ClaimRef,
+        pod_claim_name: Option<&str>,
         who: &str,
         planned: &[PlannedDevice<'_>],
         names: &[&str],
@@ -174,6 +195,7 @@ impl Engine {
             uid: claim.uid.clone(),
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
+            pod_claim_name: pod_claim_name.map(str::to_string),
             state: ClaimState::PrepareStarted,
             devices,
             needs_recreate: earlier.is_some_and(|r| r.needs_recreate),
@@ -204,7 +226,10 @@ impl Engine {
                 devices[i].mig = Some(self.ensure_mig(claim, who, p, m, &mut held[i])?);
             }
         }
-        let cdi_devices = self.spec_devices(who, &claim.uid, &devices)?;
+        let made = ClaimRecord { devices: devices.clone(), ..record.clone() };
+        // Before the spec that mounts them: the runtime needs the files when it reads the spec.
+        self.ensure_metadata(who, &made)?;
+        let cdi_devices = self.claim_spec(who, &made)?;
         // Not synced: the completion below is, and the spec is written again from it.
         let ids = self
             .cdi
@@ -266,20 +291,24 @@ impl Engine {
         Ok(out)
     }
 
-    /// Make a prepared claim's spec on disk what its record says, rewriting a deleted or changed
-    /// one; returns what the file was before.
+    /// Make a prepared claim's spec and metadata files on disk what its record says, rewriting
+    /// deleted or changed ones; returns what they were before (the spec's state first).
     ///
     /// # Errors
     /// The spec cannot be written.
     pub(crate) fn repair_spec(&self, rec: &ClaimRecord) -> Result<cdi::SpecState, PrepareError> {
         let who = describe_record(rec);
-        let devices = self.spec_devices(&who, &rec.uid, &rec.devices)?;
+        let metadata = self.ensure_metadata(&who, rec)?;
+        if metadata != cdi::SpecState::Intact {
+            tracing::warn!(claim = %who, metadata = metadata.as_str(), "the claim's device metadata was {} on disk; wrote it again", metadata.as_str());
+        }
+        let devices = self.claim_spec(&who, rec)?;
         let (_, state) =
             self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
         if state != cdi::SpecState::Intact {
             tracing::warn!(claim = %who, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
         }
-        Ok(state)
+        Ok(if state == cdi::SpecState::Intact { metadata } else { state })
     }
 
     /// Make one MIG device exist and return its record with IDs, UUID and capability minors; the
@@ -405,7 +434,7 @@ impl Engine {
     }
 
     /// Undo a failed prepare: destroy the instances this claim holds (CI, then GI), delete its
-    /// CDI spec and drop it from the checkpoint. If something cannot be destroyed the claim stays
+    /// CDI spec and metadata files and drop it from the checkpoint. If something cannot be destroyed the claim stays
     /// in the checkpoint with the error, so the next prepare or unprepare finishes the job.
     pub(super) fn rollback(
         &self,
@@ -430,6 +459,7 @@ impl Engine {
             }
         }
         let _ = self.cdi.remove(&claim.uid);
+        let _ = self.remove_metadata(&claim.uid, &claim.namespace, &claim.name);
         let error = error.to_string();
         let outcome = self.store.update(&self.boot_id, |cp| {
             if left.is_empty() {

@@ -2,9 +2,10 @@
 //!
 //! Order of a dynamic MIG prepare: checkpoint the intent (PrepareStarted) → create the GI at the
 //! allocated placement → create its default CI → read its MIG UUID and capability minors → write
-//! the CDI spec → PrepareCompleted, with the GI and CI IDs, UUID and minors. Any failure after the
+//! the device metadata files and the CDI spec that mounts them → PrepareCompleted, with the GI and
+//! CI IDs, UUID and minors. Any failure after the
 //! first NVML mutation rolls back inside the same call. Unprepare reverses it: UnprepareStarted →
-//! delete the CDI spec → destroy CI then GI (after checking they are still the ones we made) →
+//! delete the CDI spec and the metadata files → destroy CI then GI (after checking they are still the ones we made) →
 //! drop the claim.
 //!
 //! Durable writes (temp file, fsync, rename, fsync of the directory) set a prepare's latency on a
@@ -29,7 +30,8 @@
 //!
 //! Files: `create` (prepare and its rollback), `release` (unprepare), `instances` (the MIG helpers
 //! prepare, unprepare, recovery and cleanup share), `step` (the points tests stop at), `error`,
-//! `plan` (an allocation checked against the node), `recovery`, `cleanup`, `locks`, `bridge_data` (what slurm-bridge reads per device).
+//! `plan` (an allocation checked against the node), `recovery`, `cleanup`, `locks`, `bridge_data` (what slurm-bridge reads per device),
+//! `metadata` (each claim's device metadata files, KEP-5304).
 
 mod bridge_data;
 mod cleanup;
@@ -37,6 +39,7 @@ mod create;
 mod error;
 mod instances;
 mod locks;
+mod metadata;
 mod plan;
 mod recovery;
 mod release;
@@ -49,6 +52,7 @@ pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
 pub use step::{Hook, Step};
 
 use crate::cdi::CdiWriter;
+use crate::cdi::metadata::MetadataDir;
 use crate::claims::ClaimRef;
 use crate::gpu::{GpuBackend, GpuError, GpuInfo};
 use crate::mig::allowlist::Allowlist;
@@ -85,6 +89,8 @@ pub struct Options {
     pub orphans: OrphanPolicy,
     pub state_dir: PathBuf,
     pub cdi_dir: PathBuf,
+    /// Where each claim's device metadata files go (KEP-5304): `<plugin dir>/dra-device-metadata`.
+    pub metadata_dir: PathBuf,
     /// Longest wait for another process's GPU lock.
     pub lock_timeout: Duration,
     /// Where each GPU's Slurm index and shards come from.
@@ -97,9 +103,11 @@ pub struct Options {
 }
 
 impl Options {
-    /// Defaults for a node: dynamic MIG, orphans destroyed, 10 s lock timeout.
+    /// Defaults for a node: dynamic MIG, orphans destroyed, 10 s lock timeout, device metadata
+    /// under the state directory (the plugin directory unless moved).
     pub fn new(driver: &str, pool: &str, state_dir: PathBuf, cdi_dir: PathBuf) -> Self {
         Self {
+            metadata_dir: state_dir.join(crate::cdi::metadata::SUBDIR),
             driver: driver.to_string(),
             pool: pool.to_string(),
             mig_mode: GpuMode::Dynamic,
@@ -123,6 +131,26 @@ pub struct GpuEntry {
     pub mode: GpuMode,
     pub slurm: GpuSlurm,
     lock: GpuLock,
+}
+
+impl GpuEntry {
+    /// What the device model needs to know about this GPU: the same identity the slices use.
+    pub fn identity(&self) -> crate::mig::devices::GpuIdentity {
+        let i = &self.info;
+        crate::mig::devices::GpuIdentity {
+            index: i.index,
+            minor: i.minor,
+            uuid: i.uuid.clone(),
+            pci_bus_id: i.pci_bus_id.clone(),
+            product_name: i.product_name.clone(),
+            memory_mib: i.memory_mib,
+            driver_version: i.driver_version.clone(),
+            cuda_compute_capability: i.cuda_compute_capability,
+            slurm_index: self.slurm.index,
+            slurm_index_source: self.slurm.source.as_str().into(),
+            shards_per_gpu: self.slurm.shards,
+        }
+    }
 }
 
 /// What the Slurm sources need to know about a GPU: its device files, and for a MIG GPU the
@@ -164,6 +192,7 @@ pub struct Engine {
     gpus: Vec<GpuEntry>,
     store: CheckpointStore,
     cdi: CdiWriter,
+    metadata: MetadataDir,
     opts: Options,
     boot_id: String,
     hook: Option<Hook>,
@@ -210,6 +239,7 @@ impl Engine {
         Ok(Self {
             store: CheckpointStore::new(&opts.state_dir),
             cdi: CdiWriter::new(&opts.cdi_dir, &opts.driver),
+            metadata: MetadataDir::new(&opts.metadata_dir, &opts.driver),
             backend,
             gpus,
             opts,

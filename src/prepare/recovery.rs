@@ -5,8 +5,9 @@
 //! - A new boot ID means every instance is gone: claims are kept, marked for re-creation, and the
 //!   kubelet's next prepare re-creates them at the same placements.
 //! - Claims caught mid-unprepare are finished.
-//! - CDI specs of claims the checkpoint does not know are removed, readable or not; prepared
-//!   claims whose spec is missing or changed get it written again. Specs are not fsynced
+//! - CDI specs of claims the checkpoint does not know are removed, readable or not, and so are
+//!   their device metadata files; prepared claims whose spec or metadata is missing or changed get
+//!   it written again. Specs are not fsynced
 //!   ([`CdiWriter`](crate::cdi::CdiWriter)): this makes a spec that a power loss emptied or
 //!   brought back harmless.
 //! - A claim caught mid-prepare has only its intent in the checkpoint: its instances, if any, are
@@ -73,6 +74,8 @@ pub struct RecoveryReport {
     pub finished_unprepares: Vec<String>,
     pub failed_unprepares: Vec<(String, String)>,
     pub stale_cdi_specs_removed: Vec<String>,
+    /// Device metadata of claims the checkpoint does not hold, removed: `namespace/name`.
+    pub stale_metadata_removed: Vec<String>,
     /// Prepared claims whose CDI spec was missing or changed on disk, written again: (UID, what).
     pub repaired_cdi_specs: Vec<(String, &'static str)>,
     pub failed_spec_repairs: Vec<(String, String)>,
@@ -134,6 +137,7 @@ impl Engine {
                 }
             }
         }
+        report.stale_metadata_removed = self.remove_stale_metadata();
         let cp = self.store.read().map_err(ckpt)?;
         for c in cp.claims.values().filter(|c| c.state == ClaimState::PrepareCompleted && !c.needs_recreate) {
             match self.repair_spec(c) {
@@ -187,6 +191,7 @@ impl Engine {
                 uid: uid.clone(),
                 namespace: String::new(),
                 name: String::new(),
+                pod_claim_name: None,
                 state: if complete { ClaimState::PrepareCompleted } else { ClaimState::PrepareStarted },
                 devices,
                 needs_recreate: !complete,

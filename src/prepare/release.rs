@@ -1,4 +1,4 @@
-//! Unprepare: delete the claim's CDI spec, destroy its dynamic instances (CI, then GI) after
+//! Unprepare: delete the claim's CDI spec and device metadata files, destroy its dynamic instances (CI, then GI) after
 //! checking they are still the ones it made, and forget the claim. Two durable checkpoint writes:
 //! `UnprepareStarted` before anything is torn down, and the claim's removal once all is gone.
 
@@ -30,6 +30,7 @@ impl Engine {
             self.step(Step::UnprepareStarted);
         }
         self.cdi.remove(uid).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
+        self.remove_metadata(uid, &rec.namespace, &rec.name)?;
         self.step(Step::CdiDeleted);
         for d in rec.devices.iter().rev() {
             let Some(m) = d.mig.as_ref().filter(|m| m.owner == MigOwner::Dynamic) else { continue };

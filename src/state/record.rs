@@ -139,6 +139,10 @@ pub struct ClaimRecord {
     pub uid: String,
     pub namespace: String,
     pub name: String,
+    /// For a claim made from a template, the pod's name for it
+    /// (`resource.kubernetes.io/pod-claim-name`): where its containers find the device metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_claim_name: Option<String>,
     pub state: ClaimState,
     pub devices: Vec<DeviceRecord>,
     /// Set when the boot ID changed: instances are gone, the next prepare re-creates them.
@@ -186,6 +190,7 @@ pub(crate) mod tests {
             uid: uid.to_string(),
             namespace: "default".to_string(),
             name: format!("claim-{uid}"),
+            pod_claim_name: None,
             state: ClaimState::PrepareCompleted,
             devices: vec![
                 DeviceRecord {
@@ -243,6 +248,7 @@ pub(crate) mod tests {
         cp.claims.insert("u1".to_string(), sample_claim("u1"));
         let text = serde_json::to_string(&cp).unwrap();
         assert!(!text.contains("needsRecreate") && !text.contains("lastError"), "{text}");
+        assert!(!text.contains("podClaimName"), "{text}");
         assert!(text.contains("\"giCapMinor\":21"), "{text}");
         let back: Checkpoint = serde_json::from_str(&text).unwrap();
         assert_eq!(back, cp);
