@@ -805,3 +805,33 @@ async fn kubelet_134_registers_and_prepares() {
     println!("  unprepared p-134: {device} destroyed");
     drop(serve);
 }
+
+/// Device metadata (KEP-5304) through the kubelet code and the CDI library: a template claim and a
+/// claim named in the pod each get a read-only mount at the KEP's container path whose host file
+/// says what the container got ([`Env::metadata_in_spec`]), and unprepare removes it. Run on the
+/// 1.37 kubelet code too by pointing `MIGDRA_KUBELET_BIN` at its build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_136_device_metadata_reaches_the_container() {
+    let _serial = SERIAL.lock().await;
+    let mut env = Env::start(KUBELET_136).await;
+    println!("10. device metadata in the container's OCI spec");
+    let mut kubelet = env.kubelet("kubelet-state");
+    let serve = env.serve(None).await;
+    register(&env, &mut kubelet, &serve, 0, "migdra serve").await;
+    env.pool(Duration::from_secs(60)).await;
+    env.create_pod("p-meta", Some("mig-1g-10gb"), None).await;
+    env.bound("p-meta").await;
+    let (device, _) = env.prepared(&mut kubelet, "p-meta").await;
+    let bridge = format!("gpu-{}-mig-3g40gb-9-4", other_h100(&env, &device));
+    env.bridge_claim("meta-3g", "p-meta-bridge", &bridge).await;
+    env.prepared(&mut kubelet, "p-meta-bridge").await;
+    for pod in ["p-meta", "p-meta-bridge"] {
+        let claim = env.pod_claim(pod).await.metadata.name.unwrap();
+        assert!(env.metadata_dir(&claim).is_dir());
+        let a = kubelet.unprepare(NS, pod).await;
+        assert_eq!(a["ok"], true, "{a}\n{}", env.diagnostics());
+        assert!(!env.metadata_dir(&claim).exists(), "unprepare of {pod} removes its claim's device metadata");
+    }
+    println!("  unprepare removed both claims' metadata directories");
+    drop(serve);
+}
