@@ -25,6 +25,7 @@ use migdra::gpu::{SIM_CAPS_MAJOR, capability_minors};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -806,6 +807,22 @@ async fn kubelet_134_registers_and_prepares() {
     drop(serve);
 }
 
+/// `hack/metadata-check` (Kubernetes 1.37's metadata consumer library), built into `dir` by the
+/// go command from the module cache.
+fn metadata_check(dir: &Path) -> PathBuf {
+    let bin = dir.join("metadata-check");
+    let out = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(repo().join("hack/metadata-check"))
+        .env("GOTOOLCHAIN", std::env::var("GOTOOLCHAIN").unwrap_or_else(|_| "local".into()))
+        .output()
+        .unwrap_or_else(|e| panic!("go build in hack/metadata-check (needs Go >= 1.26 on PATH): {e}"));
+    assert!(out.status.success(), "go build in hack/metadata-check failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    bin
+}
+
 /// Device metadata (KEP-5304) through the kubelet code and the CDI library: a template claim and a
 /// claim named in the pod each get a read-only mount at the KEP's container path whose host file
 /// says what the container got ([`Env::metadata_in_spec`]), and unprepare removes it. Run on the
@@ -825,9 +842,24 @@ async fn kubelet_136_device_metadata_reaches_the_container() {
     let bridge = format!("gpu-{}-mig-3g40gb-9-4", other_h100(&env, &device));
     env.bridge_claim("meta-3g", "p-meta-bridge", &bridge).await;
     env.prepared(&mut kubelet, "p-meta-bridge").await;
+    let check = metadata_check(env.node.path());
     for pod in ["p-meta", "p-meta-bridge"] {
         let claim = env.pod_claim(pod).await.metadata.name.unwrap();
-        assert!(env.metadata_dir(&claim).is_dir());
+        let files: Vec<PathBuf> = std::fs::read_dir(env.metadata_dir(&claim))
+            .unwrap()
+            .map(|e| e.unwrap().path().join("metadata.json"))
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        // The consumer library of 1.37, as a workload would read the file.
+        let out = Command::new(&check).arg(&files[0]).output().unwrap();
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "metadata-check {}: {line}{}",
+            files[0].display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("  {pod}: k8s.io/dynamic-resource-allocation v0.37.2 reads it: {}", line.trim());
         let a = kubelet.unprepare(NS, pod).await;
         assert_eq!(a["ok"], true, "{a}\n{}", env.diagnostics());
         assert!(!env.metadata_dir(&claim).exists(), "unprepare of {pod} removes its claim's device metadata");
