@@ -268,6 +268,10 @@ fn fuzz_cdi_writing() {
                 name: migdra::cdi::device_name(uid, &device),
                 env: vec![("NVIDIA_VISIBLE_DEVICES".into(), value.clone())],
                 device_nodes: vec![DeviceNode::host(format!("/dev/{value}"))],
+                mounts: vec![migdra::cdi::Mount {
+                    host_path: format!("/m/{value}"),
+                    container_path: format!("/c/{value}"),
+                }],
             };
             if writer.write(uid, &[dev]).is_ok() {
                 let path = writer.spec_path(uid).unwrap();

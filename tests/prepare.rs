@@ -656,10 +656,15 @@ fn static_mig_uses_the_administrators_instance_and_never_destroys_it() {
     let model = catalog::model("h100-80gb").unwrap();
     let out = engine.prepare(&claim("s"), &[result(&mig_name(node.minor(0), model, 14, 4))]).unwrap();
     assert_eq!(out[0].status.mig_uuid.as_deref(), Some(ci.uuid.as_str()));
+    // Its device metadata names the administrator's instance.
+    let d = &metadata_objects(&node, "claim-s", "gpu")[0]["requests"][0]["devices"][0];
+    assert_eq!((attr(d, "uuid"), attr(d, "profile")), (&ci.uuid.as_str().into(), &"2g.20gb".into()));
+    assert_eq!(attr(d, "migMode"), "static");
     let missing = engine.prepare(&claim("t"), &[result(&mig_name(node.minor(0), model, 14, 0))]).unwrap_err();
     assert!(missing.to_string().contains("static"), "{missing}");
     engine.unprepare("s").unwrap();
     assert_eq!(node.instances().len(), 1, "static instances stay");
+    assert!(!node.metadata_file("claim-s", "gpu").exists());
 }
 
 #[test]
@@ -813,25 +818,6 @@ fn device_metadata_says_what_the_container_got_and_goes_with_the_claim() {
     assert_eq!(attr(d, "slurmShards"), &serde_json::json!(out[1].status.slurm_shards));
     engine.unprepare("t").unwrap();
     assert_eq!(std::fs::read_dir(node.metadata_dir()).unwrap().count(), 0);
-}
-
-/// A pre-created (static) instance gets its metadata too, with the administrator's UUID.
-#[test]
-fn a_static_instance_has_its_metadata() {
-    let node = Node::new("h100-80gb:1");
-    let g = node.uuid(0);
-    let gi = node.sim.create_gpu_instance(&g, 14, 4).unwrap();
-    let ci = node.sim.create_compute_instance(&g, gi.id, 1).unwrap();
-    let mut opts = node.options();
-    opts.mig_mode = GpuMode::Static;
-    let engine = node.engine_with(opts);
-    let model = catalog::model("h100-80gb").unwrap();
-    engine.prepare(&claim("s"), &[result(&mig_name(node.minor(0), model, 14, 4))]).unwrap();
-    let d = &metadata_objects(&node, "claim-s", "gpu")[0]["requests"][0]["devices"][0];
-    assert_eq!((attr(d, "uuid"), attr(d, "profile")), (&ci.uuid.as_str().into(), &"2g.20gb".into()));
-    assert_eq!(attr(d, "migMode"), "static");
-    engine.unprepare("s").unwrap();
-    assert!(!node.metadata_file("claim-s", "gpu").exists());
 }
 
 /// A metadata directory that cannot be written fails the prepare with one line naming the path,

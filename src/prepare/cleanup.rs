@@ -268,29 +268,49 @@ impl Engine {
                 outcome: Outcome::planned(true, "would remove", ""),
             })
             .collect();
-        if dry_run || out.is_empty() {
-            return Ok(out);
-        }
         // Under the checkpoint lock: a prepare records its claim there before writing its spec.
+        self.remove_unless_held(
+            dry_run,
+            &mut out,
+            |s| &mut s.outcome,
+            |now, s| now.claims.contains_key(&s.claim_uid),
+            |s| self.cdi.remove(&s.claim_uid),
+        );
+        Ok(out)
+    }
+
+    /// Unless `dry_run`: remove each stale finding under the checkpoint lock, unless a claim now
+    /// holds it, and set its outcome.
+    fn remove_unless_held<T>(
+        &self,
+        dry_run: bool,
+        found: &mut [T],
+        outcome: impl Fn(&mut T) -> &mut Outcome,
+        held: impl Fn(&Checkpoint, &T) -> bool,
+        remove: impl Fn(&T) -> Result<(), CdiError>,
+    ) {
+        if dry_run || found.is_empty() {
+            return;
+        }
         let done = self.store.update(&self.boot_id, |now| {
-            for s in &mut out {
-                s.outcome = if now.claims.contains_key(&s.claim_uid) {
+            for f in found.iter_mut() {
+                let o = if held(now, f) {
                     Outcome::skipped("its claim was prepared meanwhile")
                 } else {
-                    match self.cdi.remove(&s.claim_uid) {
+                    match remove(f) {
                         Ok(()) => Outcome::planned(false, "", "removed"),
                         Err(e) => Outcome::failed(e),
                     }
                 };
+                *outcome(f) = o;
             }
             Ok::<_, std::convert::Infallible>(())
         });
         if let Err(e) = done {
-            for s in &mut out {
-                s.outcome = Outcome::failed(format!("checkpoint: {e}"));
+            for f in found.iter_mut() {
+                *outcome(f) = Outcome::failed(format!("checkpoint: {e}"));
             }
         }
-        Ok(out)
     }
 
     fn clean_metadata(&self, cp: &Checkpoint, dry_run: bool) -> Result<Vec<StaleMetadata>, CleanupError> {
@@ -307,28 +327,14 @@ impl Engine {
                 outcome: Outcome::planned(true, "would remove", ""),
             })
             .collect();
-        if dry_run || out.is_empty() {
-            return Ok(out);
-        }
         // Under the checkpoint lock: a prepare records its claim there before writing its files.
-        let done = self.store.update(&self.boot_id, |now| {
-            for s in &mut out {
-                s.outcome = if held(now, &s.namespace, &s.name) {
-                    Outcome::skipped("its claim was prepared meanwhile")
-                } else {
-                    match self.metadata.remove(&s.namespace, &s.name) {
-                        Ok(()) => Outcome::planned(false, "", "removed"),
-                        Err(e) => Outcome::failed(e),
-                    }
-                };
-            }
-            Ok::<_, std::convert::Infallible>(())
-        });
-        if let Err(e) = done {
-            for s in &mut out {
-                s.outcome = Outcome::failed(format!("checkpoint: {e}"));
-            }
-        }
+        self.remove_unless_held(
+            dry_run,
+            &mut out,
+            |s| &mut s.outcome,
+            |now, s| held(now, &s.namespace, &s.name),
+            |s| self.metadata.remove(&s.namespace, &s.name),
+        );
         Ok(out)
     }
 
