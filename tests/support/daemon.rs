@@ -68,12 +68,7 @@ impl<'a> Serve<'a> {
     pub fn command(&self) -> Command {
         let node = self.node;
         let mut cmd = super::command::migdra();
-        cmd.arg("serve")
-            .args(node.flags())
-            .arg("--plugin-dir")
-            .arg(node.plugin_dir())
-            .arg("--registry-dir")
-            .arg(node.registry_dir());
+        cmd.arg("serve").args(node.flags()).arg("--registry-dir").arg(node.registry_dir());
         if self.quick_checks {
             cmd.args(["--health-interval", "100ms", "--socket-check", "100ms"]);
         }

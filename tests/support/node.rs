@@ -6,7 +6,7 @@
 //!       state/             --state-dir: the checkpoint
 //!       cdi/               --cdi-dir: the CDI specs
 //!       claims/            --claims-dir: ResourceClaims as files (unless read from an API server)
-//!       plugins/<driver>/  --plugin-dir: the DRA socket
+//!       plugins/<driver>/  --plugin-dir (every command): the DRA socket, the device metadata
 //!       registry/          --registry-dir: the registration socket
 //!       daemon-<n>.log     the n-th daemon's stderr
 //! ```
@@ -164,6 +164,8 @@ impl NodeDir {
                 flag("--procfs-root", procfs.into());
             }
         }
+        // Every command sees the daemon's plugin directory: the device metadata lives there.
+        flag("--plugin-dir", self.plugin_dir().into());
         if self.state_dir {
             flag("--state-dir", self.state_dir().into());
         }
@@ -264,7 +266,7 @@ impl NodeDir {
     /// directories, and `POD_UID` when the daemon was given one.
     pub fn probe(&self, pod_uid: Option<&str>) -> Command {
         let mut cmd = self.command(&["probe"]);
-        cmd.arg("--plugin-dir").arg(self.plugin_dir()).arg("--registry-dir").arg(self.registry_dir());
+        cmd.arg("--registry-dir").arg(self.registry_dir());
         if let Some(uid) = pod_uid {
             cmd.env("POD_UID", uid);
         }
