@@ -10,7 +10,7 @@ use migdra::gpu::nvml::NvmlBackend;
 use migdra::gpu::nvml::discovery::same_partitions;
 use migdra::gpu::{GpuBackend, GpuError, capability_minors};
 use migdra::kubelet::client::Version;
-use migdra::kubelet::proto::health_v1alpha1::HealthStatus;
+use migdra::kubelet::proto::health_v1::HealthStatus;
 use migdra::mig::catalog;
 use serde_json::Value;
 use std::path::Path;

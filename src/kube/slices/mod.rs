@@ -252,10 +252,13 @@ pub fn device(d: &Device) -> api::Device {
         name: d.name.clone(),
         attributes: (!attributes.is_empty()).then_some(attributes),
         capacity: (!capacity.is_empty()).then_some(capacity),
-        consumes_counters: d
-            .consumes
-            .as_ref()
-            .map(|(set, c)| vec![api::DeviceCounterConsumption { counter_set: set.clone(), counters: counter_map(c) }]),
+        consumes_counters: d.consumes.as_ref().map(|(set, c)| {
+            vec![api::DeviceCounterConsumption {
+                counter_set: set.clone(),
+                counters: counter_map(c),
+                ..Default::default()
+            }]
+        }),
         ..Default::default()
     }
 }
