@@ -128,6 +128,12 @@ fn profiles_of_the_newest_blackwells() {
     for key in ["gb200-186gb", "b300-269gb", "gb300-278gb"] {
         assert!(all.contains(key), "{key}");
     }
+    // The simulator takes them by the same keys, with the names NVML gives them.
+    let v: Value =
+        serde_json::from_str(&ok(&["layout", "--sim", "gb200-186gb:1,b300-269gb:1,gb300-278gb:1", "-o", "json"]))
+            .unwrap();
+    let names: Vec<&str> = v["gpus"].as_array().unwrap().iter().map(|g| g["product_name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["NVIDIA GB200", "NVIDIA B300 SXM6 AC", "NVIDIA GB300"]);
 }
 
 #[test]
