@@ -143,53 +143,53 @@ fn mig_name(minor: u32, model: &GpuModel, profile_id: u32, start: u32) -> String
     DeviceName::mig(minor, &model.profile(profile_id).unwrap().name, profile_id, start).to_string()
 }
 
+/// Prepare one partition as claim `uid`, check the instance NVML holds and the CDI spec the
+/// container gets, and unprepare it again, leaving nothing behind.
+fn prepare_check_unprepare(node: &Node, engine: &Engine, uid: &str, model: &GpuModel, profile_id: u32, start: u32) {
+    let p = model.profile(profile_id).unwrap();
+    let minor = node.minor(0);
+    let device = mig_name(minor, model, p.id, start);
+    let out = engine.prepare(&claim(uid), &[result(&device)]).unwrap();
+    assert_eq!(out.len(), 1);
+    let inst = node.instances();
+    assert_eq!(inst.len(), 1, "{device}");
+    let (_, gi, cis) = &inst[0];
+    assert_eq!((gi.profile_id, gi.start, gi.size, *cis), (p.id, start, p.memory_slices, 1), "{device}");
+    let status = &out[0].status;
+    assert_eq!(status.placement.unwrap().start, start);
+    assert_eq!(status.gpu_instance_id, Some(gi.id));
+    let mig_uuid = status.mig_uuid.clone().unwrap();
+    let ci = &node.sim.compute_instances(&node.uuid(0), gi.id).unwrap()[0];
+    assert_eq!(mig_uuid, ci.uuid);
+
+    let spec = engine_spec(node, uid);
+    let id = &out[0].cdi_ids[0];
+    let (kind, name) = id.split_once('=').unwrap();
+    assert_eq!(spec["kind"], kind);
+    let dev = spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
+    let env: Vec<&str> = dev["containerEdits"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
+    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}").as_str()));
+    let nodes: Vec<&str> =
+        dev["containerEdits"]["deviceNodes"].as_array().unwrap().iter().map(|n| n["path"].as_str().unwrap()).collect();
+    let gpu_nodes: Vec<&&str> =
+        nodes.iter().filter(|n| n.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).collect();
+    assert_eq!(gpu_nodes, [&format!("/dev/nvidia{minor}").as_str()], "only the parent GPU node");
+    assert_eq!(nodes.iter().filter(|n| n.starts_with("/dev/nvidia-caps/")).count(), 2);
+
+    engine.unprepare(uid).unwrap();
+    assert!(node.instances().is_empty(), "{device}");
+    assert_eq!(node.cdi_files(), 0);
+}
+
 #[test]
 fn every_profile_of_every_model_prepares_at_the_exact_placement_and_unprepares() {
     let mut checked = 0;
     for model in catalog::models() {
         let node = Node::new(&format!("{}:1", model.key));
         let engine = node.engine();
-        let minor = node.minor(0);
         for p in &model.profiles {
             for &start in &p.placements {
-                let uid = format!("u-{}-{start}", p.id);
-                let device = mig_name(minor, model, p.id, start);
-                let out = engine.prepare(&claim(&uid), &[result(&device)]).unwrap();
-                assert_eq!(out.len(), 1);
-                let inst = node.instances();
-                assert_eq!(inst.len(), 1, "{device}");
-                let (_, gi, cis) = &inst[0];
-                assert_eq!((gi.profile_id, gi.start, gi.size, *cis), (p.id, start, p.memory_slices, 1), "{device}");
-                let status = &out[0].status;
-                assert_eq!(status.placement.unwrap().start, start);
-                assert_eq!(status.gpu_instance_id, Some(gi.id));
-                let mig_uuid = status.mig_uuid.clone().unwrap();
-                let ci = &node.sim.compute_instances(&node.uuid(0), gi.id).unwrap()[0];
-                assert_eq!(mig_uuid, ci.uuid);
-
-                let spec = engine_spec(&node, &uid);
-                let id = &out[0].cdi_ids[0];
-                let (kind, name) = id.split_once('=').unwrap();
-                assert_eq!(spec["kind"], kind);
-                let dev =
-                    spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
-                let env: Vec<&str> =
-                    dev["containerEdits"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
-                assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}").as_str()));
-                let nodes: Vec<&str> = dev["containerEdits"]["deviceNodes"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|n| n["path"].as_str().unwrap())
-                    .collect();
-                let gpu_nodes: Vec<&&str> =
-                    nodes.iter().filter(|n| n.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).collect();
-                assert_eq!(gpu_nodes, [&format!("/dev/nvidia{minor}").as_str()], "only the parent GPU node");
-                assert_eq!(nodes.iter().filter(|n| n.starts_with("/dev/nvidia-caps/")).count(), 2);
-
-                engine.unprepare(&uid).unwrap();
-                assert!(node.instances().is_empty(), "{device}");
-                assert_eq!(node.cdi_files(), 0);
+                prepare_check_unprepare(&node, &engine, &format!("u-{}-{start}", p.id), model, p.id, start);
                 checked += 1;
             }
         }
@@ -197,6 +197,50 @@ fn every_profile_of_every_model_prepares_at_the_exact_placement_and_unprepares()
     }
     println!("prepared and unprepared {checked} profile × placement combinations");
     assert!(checked > 150);
+}
+
+/// GB200, B300 and GB300 on the simulator: every profile at its last placement, then
+/// mig-parted's `all-balanced` layout (2 × 1g, 2g, 3g) as one claim whose CDI spec names each
+/// instance, and nothing is left after unprepare.
+#[test]
+fn the_newest_blackwells_prepare_every_profile_and_mig_parteds_balanced_layout() {
+    for (key, [one, two, three]) in [
+        ("gb200-186gb", ["1g.23gb", "2g.47gb", "3g.93gb"]),
+        ("b300-269gb", ["1g.34gb", "2g.67gb", "3g.135gb"]),
+        ("gb300-278gb", ["1g.35gb", "2g.70gb", "3g.139gb"]),
+    ] {
+        let model = catalog::model(key).unwrap();
+        let node = Node::new(&format!("{key}:1"));
+        assert_eq!(node.sim.model(&node.uuid(0)).unwrap().key, key);
+        let engine = node.engine();
+        for p in &model.profiles {
+            let start = *p.placements.last().unwrap();
+            prepare_check_unprepare(&node, &engine, &format!("{key}-{}", p.id), model, p.id, start);
+        }
+
+        let id = |name: &str| model.profile_by_name(name).unwrap().id;
+        let minor = node.minor(0);
+        let layout = [(three, 4), (two, 0), (one, 2), (one, 3)];
+        let results: Vec<AllocationResult> =
+            layout.iter().map(|&(n, start)| result(&mig_name(minor, model, id(n), start))).collect();
+        let out = engine.prepare(&claim("balanced"), &results).unwrap();
+        let mut got: Vec<(u32, u32)> = node.instances().iter().map(|(_, gi, _)| (gi.profile_id, gi.start)).collect();
+        got.sort_unstable();
+        let mut want: Vec<(u32, u32)> = layout.iter().map(|&(n, start)| (id(n), start)).collect();
+        want.sort_unstable();
+        assert_eq!(got, want, "{key}");
+        let spec = engine_spec(&node, "balanced");
+        for o in &out {
+            let name = o.cdi_ids[0].split_once('=').unwrap().1;
+            let dev = spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
+            let visible = format!("NVIDIA_VISIBLE_DEVICES={}", o.status.mig_uuid.as_deref().unwrap());
+            assert!(dev["containerEdits"]["env"].as_array().unwrap().iter().any(|e| e == &visible), "{key}: {dev}");
+        }
+        engine.unprepare("balanced").unwrap();
+        assert!(node.instances().is_empty(), "{key}");
+        assert_eq!(node.cdi_files(), 0);
+        assert!(engine.checkpoint().unwrap().claims.is_empty());
+    }
 }
 
 fn engine_spec(node: &Node, uid: &str) -> serde_json::Value {
