@@ -5,7 +5,7 @@
 
 use super::instances::{destroy_gi, holds};
 use super::plan::{self, PlannedDevice};
-use super::{Engine, PrepareError, PreparedDevice, Step, describe, describe_record, status_data};
+use super::{DeviceStatusData, Engine, PrepareError, PreparedDevice, Step, describe, describe_record, status_data};
 use crate::cdi;
 use crate::claims::{AllocationResult, ClaimRef};
 use crate::gpu::{GpuError, GpuInstance};
@@ -28,6 +28,9 @@ impl Engine {
     /// Only this claim fails; whatever this call created has been destroyed again.
     pub fn prepare(&self, claim: &ClaimRef, results: &[AllocationResult]) -> Result<Vec<PreparedDevice>, PrepareError> {
         let _claim = self.claims.lock(&claim.uid);
+        if plan::is_admin(claim, results, &self.opts.driver)? {
+            return self.prepare_admin(claim, results);
+        }
         let who = describe(claim);
         let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
         let names: Vec<&str> = planned.iter().map(|p| p.device.as_str()).collect();
@@ -143,6 +146,14 @@ impl Engine {
                     });
                 }
             }
+        }
+        if let Some(admin) = cp.admin.get(&claim.uid) {
+            let was: Vec<&str> = admin.devices.iter().map(|d| d.device.as_str()).collect();
+            return Err(PrepareError::AllocationChanged {
+                claim: who.to_string(),
+                was: format!("{} (admin access)", was.join(", ")),
+                now: names.join(", "),
+            });
         }
         let earlier = cp.claims.get(&claim.uid);
         if let Some(rec) = earlier {
@@ -446,7 +457,16 @@ impl Engine {
     }
 
     pub(super) fn prepared(&self, rec: &ClaimRecord) -> Vec<PreparedDevice> {
-        rec.devices
+        self.prepared_with(&rec.devices, status_data)
+    }
+
+    /// The kubelet's answer for recorded devices, with the status data `data` makes of each.
+    pub(super) fn prepared_with(
+        &self,
+        devices: &[DeviceRecord],
+        data: fn(&DeviceRecord, &GpuSlurm) -> DeviceStatusData,
+    ) -> Vec<PreparedDevice> {
+        devices
             .iter()
             .map(|d| {
                 let unknown = GpuSlurm {
@@ -462,7 +482,7 @@ impl Engine {
                     pool: d.pool.clone(),
                     device: d.device.clone(),
                     cdi_ids: d.cdi_ids.clone(),
-                    status: status_data(d, slurm),
+                    status: data(d, slurm),
                 }
             })
             .collect()
