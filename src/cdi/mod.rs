@@ -135,10 +135,10 @@ pub fn gpu_device(name: String, minor: u32, gpu_uuid: &str) -> CdiDevice {
     CdiDevice { name, env: visible_devices(gpu_uuid), device_nodes }
 }
 
-/// The environment variable, set to `true`, that marks a spec device made for admin access: how a
-/// spec tells its claim apart when a lost checkpoint is rebuilt from the specs, and how the
-/// monitoring container can tell that it sees the whole GPU.
-pub const ADMIN_ENV: &str = "MIGDRA_ADMIN_ACCESS";
+/// The container variable, set to `true`, that marks a spec device made for admin access (written
+/// into specs, never read from migdra's own environment): how a lost checkpoint rebuilt from the
+/// specs tells the claim apart, and how the monitoring container knows it sees the whole GPU.
+pub const ADMIN_VAR: &str = "MIGDRA_ADMIN_ACCESS";
 
 /// The capability minors of one existing MIG instance (GI and CI), as the admin spec exposes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +163,7 @@ pub fn admin_device(
             d.device_nodes.push(DeviceNode::char_device(cap_path(minor), caps_major, minor, CAP_FILE_MODE));
         }
     }
-    d.env.push((ADMIN_ENV.to_string(), "true".to_string()));
+    d.env.push((ADMIN_VAR.to_string(), "true".to_string()));
     d
 }
 
@@ -323,7 +323,7 @@ mod tests {
         );
         assert!(d.device_nodes[4..].iter().all(|n| n.major == Some(508) && n.file_mode == Some(CAP_FILE_MODE)));
         assert_eq!(d.env[0], ("NVIDIA_VISIBLE_DEVICES".into(), "GPU-1".into()));
-        assert_eq!(d.env.last().unwrap(), &(ADMIN_ENV.to_string(), "true".to_string()));
+        assert_eq!(d.env.last().unwrap(), &(ADMIN_VAR.to_string(), "true".to_string()));
         let bare = admin_device("u-gpu-1".into(), 1, "GPU-2", &[], 508);
         assert_eq!(paths(&bare), paths(&gpu_device("u-gpu-1".into(), 1, "GPU-2")));
     }

@@ -163,7 +163,7 @@ impl Engine {
         let mut cp = Checkpoint { boot_id: self.boot_id.clone(), ..Default::default() };
         let Ok((specs, _)) = self.cdi.list() else { return cp };
         for (uid, spec) in specs {
-            let admin = spec.devices.iter().any(|d| d.env(cdi::ADMIN_ENV) == Some("true"));
+            let admin = spec.devices.iter().any(|d| d.env(cdi::ADMIN_VAR) == Some("true"));
             let mut devices = Vec::new();
             let mut complete = true;
             for d in &spec.devices {
