@@ -79,7 +79,7 @@ impl Engine {
     /// # Errors
     /// The spec cannot be removed or the checkpoint written; the record stays for the retry.
     pub(super) fn unprepare_admin(&self, rec: &AdminRecord) -> Result<(), PrepareError> {
-        let who = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
+        let who = describe(&ClaimRef::new(&rec.uid, &rec.namespace, &rec.name));
         self.cdi.remove(&rec.uid).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
         self.step(Step::CdiDeleted);
         self.store
@@ -98,7 +98,7 @@ impl Engine {
     /// # Errors
     /// NVML or the disk fails.
     pub(super) fn repair_admin_spec(&self, rec: &AdminRecord) -> Result<cdi::SpecState, PrepareError> {
-        let who = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
+        let who = describe(&ClaimRef::new(&rec.uid, &rec.namespace, &rec.name));
         let devices = self.admin_spec_devices(&who, rec)?;
         let (_, state) =
             self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who, source })?;
@@ -106,17 +106,8 @@ impl Engine {
     }
 
     fn admin_device_record(&self, uid: &str, p: &AdminDevice<'_>) -> DeviceRecord {
-        DeviceRecord {
-            requests: p.requests.clone(),
-            pool: self.opts.pool.clone(),
-            device: p.device.clone(),
-            gpu_uuid: p.gpu.info.uuid.clone(),
-            pci_bus_id: p.gpu.info.pci_bus_id.clone(),
-            gpu_minor: p.gpu.info.minor,
-            gpu_index: p.gpu.info.index,
-            mig: None,
-            cdi_ids: vec![self.cdi.qualified_id(&cdi::device_name(uid, &p.device))],
-        }
+        let cdi_ids = vec![self.cdi.qualified_id(&cdi::device_name(uid, &p.device))];
+        DeviceRecord { cdi_ids, ..self.device_record(&p.requests, &p.device, p.gpu) }
     }
 
     /// One spec device per allocated device: its GPU and every instance on it now.

@@ -5,7 +5,9 @@
 
 use super::instances::{destroy_gi, holds};
 use super::plan::{self, PlannedDevice};
-use super::{DeviceStatusData, Engine, PrepareError, PreparedDevice, Step, describe, describe_record, status_data};
+use super::{
+    DeviceStatusData, Engine, GpuEntry, PrepareError, PreparedDevice, Step, describe, describe_record, status_data,
+};
 use crate::cdi;
 use crate::claims::{AllocationResult, ClaimRef};
 use crate::gpu::{GpuError, GpuInstance};
@@ -164,20 +166,13 @@ impl Engine {
             .map(|p| {
                 let before = earlier.and_then(|r| r.devices.iter().find(|d| d.device == p.device));
                 DeviceRecord {
-                    requests: p.requests.clone(),
-                    pool: self.opts.pool.clone(),
-                    device: p.device.clone(),
-                    gpu_uuid: p.gpu.info.uuid.clone(),
-                    pci_bus_id: p.gpu.info.pci_bus_id.clone(),
-                    gpu_minor: p.gpu.info.minor,
-                    gpu_index: p.gpu.info.index,
                     mig: p.mig.as_ref().map(|m| {
                         let intent =
                             MigRecord::intent(m.owner, m.profile.id, &m.profile.name, m.start, m.profile.memory_slices);
                         // Keep what an earlier attempt made, if it was for the same partition.
                         before.and_then(|b| b.mig.clone()).filter(|k| k.forgotten() == intent).unwrap_or(intent)
                     }),
-                    cdi_ids: Vec::new(),
+                    ..self.device_record(&p.requests, &p.device, p.gpu)
                 }
             })
             .collect();
@@ -192,6 +187,21 @@ impl Engine {
         };
         cp.claims.insert(claim.uid.clone(), record.clone());
         Ok(record)
+    }
+
+    /// A device of this node's `gpu` as the checkpoint records it, before anything is made for it.
+    pub(super) fn device_record(&self, requests: &[String], device: &str, gpu: &GpuEntry) -> DeviceRecord {
+        DeviceRecord {
+            requests: requests.to_vec(),
+            pool: self.opts.pool.clone(),
+            device: device.to_string(),
+            gpu_uuid: gpu.info.uuid.clone(),
+            pci_bus_id: gpu.info.pci_bus_id.clone(),
+            gpu_minor: gpu.info.minor,
+            gpu_index: gpu.info.index,
+            mig: None,
+            cdi_ids: Vec::new(),
+        }
     }
 
     /// Create (or adopt) every device, write the CDI spec, complete the claim.
