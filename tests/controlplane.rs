@@ -1189,6 +1189,33 @@ async fn admin_access_watches_a_gpu_without_touching_its_instances() {
     assert!(data.get("migUUID").is_none() && data["parentUUID"].as_str().is_some_and(|u| u.starts_with("GPU-")));
     println!("admin claim {} on {}: spec nodes {nodes:?}; status {data}", r.name, result.device);
 
+    // The worker's own partition for admin access: the scheduler checks its counters like an
+    // ordinary device's (kubernetes#140729), so it stays pending while the worker holds them.
+    let DeviceName::Mig { start: worker_start, .. } = DeviceName::parse(&worker_device).unwrap() else {
+        panic!("{worker_device} is a MIG partition")
+    };
+    let busy: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "monitor-busy", "namespace": MONITORING_NS},
+        "spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": "mig", "adminAccess": true,
+            "selectors": [{"cel": {"expression": format!("device.attributes[\"{DRIVER}\"].index == 0 && device.attributes[\"{DRIVER}\"].placementStart == {worker_start} && device.attributes[\"{DRIVER}\"].profile == \"3g.40gb\"")}}]}}]}}
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &busy).await.unwrap();
+    let mut busy_pod = pod.clone();
+    busy_pod.metadata.name = Some("dcgm-busy".into());
+    busy_pod.spec.as_mut().unwrap().resource_claims.as_mut().unwrap()[0] =
+        serde_json::from_value(json!({"name": "gpus", "resourceClaimName": "monitor-busy"})).unwrap();
+    pods.create(&PostParams::default(), &busy_pod).await.unwrap();
+    match outcome(&pods, "dcgm-busy", Duration::from_secs(60), || cluster.diagnostics()).await {
+        Outcome::Unschedulable(m) => {
+            println!("admin access to the worker's own partition {worker_device}: unschedulable ({m})")
+        }
+        Outcome::Bound => {
+            println!("admin access to the worker's own partition {worker_device}: allocated (kubernetes#140729 fixed)")
+        }
+    }
+    pods.delete("dcgm-busy", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+
     let out = cluster.kubelet.unprepare(Version::V1, std::slice::from_ref(&r)).await.unwrap();
     assert_eq!(out[&r.uid], "");
     assert!(cdi_spec(&cluster.node, &r.uid).is_none(), "its spec is gone");
