@@ -1108,8 +1108,9 @@ fn cdi_spec(node: &NodeDir, uid: &str) -> Option<(Vec<String>, Vec<String>)> {
 /// made); then the monitoring example's claim (daemonset/examples/monitoring, `adminAccess: true`
 /// in a labelled namespace) is allocated by the real scheduler on the same GPU and prepared with
 /// no instance created or destroyed, its spec listing the GPU and the existing instance; its
-/// unprepare removes only its spec. A claim asking for admin access in an unlabelled namespace
-/// is refused by the API server.
+/// unprepare removes only its spec. Admin access to the partition the workload holds stays
+/// unschedulable (the scheduler checks its counters, kubernetes#140729). A claim asking for admin
+/// access in an unlabelled namespace is refused by the API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_access_watches_a_gpu_without_touching_its_instances() {
     let _serial = SERIAL.lock().await;
@@ -1210,9 +1211,10 @@ async fn admin_access_watches_a_gpu_without_touching_its_instances() {
         Outcome::Unschedulable(m) => {
             println!("admin access to the worker's own partition {worker_device}: unschedulable ({m})")
         }
-        Outcome::Bound => {
-            println!("admin access to the worker's own partition {worker_device}: allocated (kubernetes#140729 fixed)")
-        }
+        Outcome::Bound => panic!(
+            "admin access to the worker's own partition {worker_device} was allocated: kubernetes#140729 is fixed in {}; update docs/operating.md and the facts",
+            cluster.cp.versions
+        ),
     }
     pods.delete("dcgm-busy", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
 
