@@ -520,3 +520,37 @@ fn profiles_allowlist_publishes_only_its_profiles_and_refuses_bad_names() {
         assert!(!d.exists(), "serve refused at start, so it made no {}", d.display());
     }
 }
+
+/// An admin-access claim that reaches migdra without the API server's check (a claims file in a
+/// namespace that has no admin-access label) is prepared as its allocation says: a spec, no
+/// instance; `migdra claims` lists it as `AdminAccess`; a claim mixing admin access with an
+/// ordinary request is refused in one line, with nothing written.
+#[test]
+fn an_admin_access_claim_file_prepares_a_spec_and_no_instance() {
+    use support::claim::{Claim, uid};
+    use support::node::NodeDir;
+    let node = NodeDir::new().simulate("h100-80gb:1");
+    let minor = node.minors()[0];
+    let device = format!("gpu-{minor}-mig-1g10gb-19-0");
+    let monitor = |n| {
+        let result = serde_json::json!({"request": "gpu", "driver": support::DRIVER, "pool": node.node_name(), "device": device, "adminAccess": true});
+        Claim::new(uid(n)).result(result)
+    };
+    node.write(&monitor(1));
+    node.cli(&["claims", "prepare", &uid(1)]);
+    assert!(node.instances().is_empty(), "no instance for admin access");
+    assert_eq!(node.cdi_specs(), 1);
+    let listed: Value = serde_json::from_str(&node.cli(&["claims", "-o", "json"])).unwrap();
+    assert_eq!(listed[0]["state"], "AdminAccess", "{listed}");
+
+    let mixed = monitor(2).device(node.node_name(), &format!("gpu-{minor}-mig-1g10gb-19-1"));
+    node.write(&mixed);
+    let out = node.command(&["claims", "prepare", &uid(2)]).run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.contains("put admin-access requests in a claim of their own"), "{stderr}");
+    assert_eq!(node.cdi_specs(), 1, "nothing written for the refused claim");
+
+    node.cli(&["claims", "unprepare", &uid(1)]);
+    assert_eq!((node.cdi_specs(), node.instances().len()), (0, 0));
+}

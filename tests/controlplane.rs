@@ -1095,3 +1095,153 @@ async fn slices_on_a_1_34_api_server_use_the_combined_layout() {
     assert_eq!(sets, 2, "the 1.34 server kept sharedCounters, beside the devices");
     assert!(published.iter().all(|s| s.spec.shared_counters.is_none() || s.spec.devices.is_some()));
 }
+
+/// The monitoring example's namespace (labelled for admin access).
+const MONITORING_NS: &str = "gpu-monitoring";
+
+/// The CDI spec migdra wrote for a claim: every device node path, and the environment.
+fn cdi_spec(node: &NodeDir, uid: &str) -> Option<(Vec<String>, Vec<String>)> {
+    let path = node.cdi_dir().join(format!("{DRIVER}-claim_{uid}.json"));
+    let spec: Value = serde_json::from_slice(&std::fs::read(path).ok()?).unwrap();
+    let edits = &spec["devices"][0]["containerEdits"];
+    let strings = |v: &Value, key: Option<&str>| -> Vec<String> {
+        v.as_array().into_iter().flatten().map(|e| key.map_or(e, |k| &e[k]).as_str().unwrap().to_string()).collect()
+    };
+    Some((strings(&edits["deviceNodes"], Some("path")), strings(&edits["env"], None)))
+}
+
+/// Admin access on the real control plane: a MIG claim on GPU index 0 is prepared (its instance
+/// made); then the monitoring example's claim (daemonset/examples/monitoring, `adminAccess: true`
+/// in a labelled namespace) is allocated by the real scheduler on the same GPU and prepared with
+/// no instance created or destroyed, its spec listing the GPU and the existing instance; its
+/// unprepare removes only its spec. Admin access to the partition the workload holds stays
+/// unschedulable (the scheduler checks its counters, kubernetes#140729). A claim asking for admin
+/// access in an unlabelled namespace is refused by the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_access_watches_a_gpu_without_touching_its_instances() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start().await;
+    let example = repo().join("daemonset/examples/monitoring/monitoring.yaml");
+    // No DaemonSet controller runs here: the test plays its pod.
+    let docs: Vec<Value> =
+        support::cluster::documents(&example).into_iter().filter(|d| d["kind"] != "DaemonSet").collect();
+    support::cluster::create_all(&cluster.client, &example.display().to_string(), docs, MONITORING_NS).await;
+
+    // A workload: 3g.40gb on GPU index 0, prepared (the instance is made).
+    let worker: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "worker-3g", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": "mig-3g.40gb",
+            "selectors": [{"cel": {"expression": format!("device.attributes[\"{DRIVER}\"].index == 0")}}]
+        }}]}}
+    }))
+    .unwrap();
+    cluster.claims().create(&PostParams::default(), &worker).await.unwrap();
+    cluster.create_pod("p-worker", "3g.40gb", Some("worker-3g")).await;
+    assert_eq!(cluster.outcome("p-worker", Duration::from_secs(60)).await, Outcome::Bound);
+    let worker_device = cluster.prepare("p-worker").await.remove(0);
+    let gpu_minor = DeviceName::parse(&worker_device).unwrap().minor();
+    let worker_uid = cluster.claims().get("worker-3g").await.unwrap().metadata.uid.unwrap();
+
+    // The monitoring pod, from the example's template.
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), MONITORING_NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "dcgm", "namespace": MONITORING_NS},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": false,
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpu-monitor"}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpus"}]}}]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    match outcome(&pods, "dcgm", Duration::from_secs(60), || cluster.diagnostics()).await {
+        Outcome::Bound => {}
+        Outcome::Unschedulable(m) => panic!("the monitoring pod is unschedulable: {m}\n{}", cluster.diagnostics()),
+    }
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client.clone(), MONITORING_NS);
+    let monitor = claims.list(&ListParams::default()).await.unwrap().items.remove(0);
+    let results = monitor.status.as_ref().unwrap().allocation.as_ref().unwrap().devices.as_ref().unwrap();
+    let result = &results.results.as_ref().unwrap()[0];
+    assert_eq!(result.admin_access, Some(true), "{result:?}");
+    let watched = DeviceName::parse(&result.device).unwrap();
+    assert_eq!(watched.minor(), gpu_minor, "the same GPU: {} and {worker_device}", result.device);
+
+    let before = cluster.gpus();
+    let r = claim_ref(&monitor);
+    let out = cluster.kubelet.prepare(Version::V1, std::slice::from_ref(&r)).await.unwrap();
+    let devices = out[&r.uid].as_ref().unwrap_or_else(|e| panic!("admin prepare: {e}\n{}", cluster.diagnostics()));
+    assert_eq!(devices[0].device, result.device);
+    let after = cluster.gpus();
+    let instances = |gpus: &[Gpu]| gpus.iter().map(|g| g.instances.clone()).collect::<Vec<_>>();
+    assert_eq!(instances(&after), instances(&before), "no instance created or destroyed");
+    let (nodes, env) = cdi_spec(&cluster.node, &r.uid).expect("the admin claim's spec");
+    let (worker_nodes, _) = cdi_spec(&cluster.node, &worker_uid).expect("the worker's spec");
+    let caps = |n: &[String]| n.iter().filter(|p| p.starts_with("/dev/nvidia-caps/")).cloned().collect::<Vec<_>>();
+    assert!(nodes.contains(&format!("/dev/nvidia{gpu_minor}")), "{nodes:?}");
+    assert_eq!(caps(&nodes), caps(&worker_nodes), "the existing instance's GI and CI nodes");
+    assert!(env.contains(&"MIGDRA_ADMIN_ACCESS=true".to_string()), "{env:?}");
+
+    // Its status: the GPU, no MIG UUID of its own, nothing for the bridge to reserve.
+    let data = eventually("the admin claim's status")
+        .every(Duration::from_millis(100))
+        .explain(|| cluster.diagnostics())
+        .until_async(|| async {
+            let c = claims.get(monitor.metadata.name.as_ref().unwrap()).await.unwrap();
+            ours(&c).first().map(|d| d["data"].clone()).ok_or_else(|| format!("{:?}", c.status))
+        })
+        .await;
+    assert_eq!((data["adminAccess"].as_bool(), data["slurmShards"].as_u64()), (Some(true), Some(0)), "{data}");
+    assert!(data.get("migUUID").is_none() && data["parentUUID"].as_str().is_some_and(|u| u.starts_with("GPU-")));
+    println!("admin claim {} on {}: spec nodes {nodes:?}; status {data}", r.name, result.device);
+
+    // The worker's own partition for admin access: the scheduler checks its counters like an
+    // ordinary device's (kubernetes#140729), so it stays pending while the worker holds them.
+    let DeviceName::Mig { start: worker_start, .. } = DeviceName::parse(&worker_device).unwrap() else {
+        panic!("{worker_device} is a MIG partition")
+    };
+    let busy: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "monitor-busy", "namespace": MONITORING_NS},
+        "spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": "mig", "adminAccess": true,
+            "selectors": [{"cel": {"expression": format!("device.attributes[\"{DRIVER}\"].index == 0 && device.attributes[\"{DRIVER}\"].placementStart == {worker_start} && device.attributes[\"{DRIVER}\"].profile == \"3g.40gb\"")}}]}}]}}
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &busy).await.unwrap();
+    let mut busy_pod = pod.clone();
+    busy_pod.metadata.name = Some("dcgm-busy".into());
+    busy_pod.spec.as_mut().unwrap().resource_claims.as_mut().unwrap()[0] =
+        serde_json::from_value(json!({"name": "gpus", "resourceClaimName": "monitor-busy"})).unwrap();
+    pods.create(&PostParams::default(), &busy_pod).await.unwrap();
+    match outcome(&pods, "dcgm-busy", Duration::from_secs(60), || cluster.diagnostics()).await {
+        Outcome::Unschedulable(m) => {
+            println!("admin access to the worker's own partition {worker_device}: unschedulable ({m})")
+        }
+        Outcome::Bound => panic!(
+            "admin access to the worker's own partition {worker_device} was allocated: kubernetes#140729 is fixed in {}; update docs/operating.md and the facts",
+            cluster.cp.versions
+        ),
+    }
+    pods.delete("dcgm-busy", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+
+    let out = cluster.kubelet.unprepare(Version::V1, std::slice::from_ref(&r)).await.unwrap();
+    assert_eq!(out[&r.uid], "");
+    assert!(cdi_spec(&cluster.node, &r.uid).is_none(), "its spec is gone");
+    assert!(cdi_spec(&cluster.node, &worker_uid).is_some(), "the worker's spec stays");
+    assert_eq!(instances(&cluster.gpus()), instances(&before), "the worker's instance stays");
+    pods.delete("dcgm", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    cluster.finish("p-worker", true).await;
+
+    // Without the label, the API server refuses admin access (the namespace of the workloads).
+    let mut refused: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "sneaky-monitor", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": "mig", "adminAccess": true}}]}}
+    }))
+    .unwrap();
+    let err = cluster.claims().create(&PostParams::default(), &refused).await.unwrap_err().to_string();
+    assert!(err.contains("resource.kubernetes.io/admin-access"), "{err}");
+    refused.metadata.name = Some("monitor-allowed".into());
+    refused.metadata.namespace = Some(MONITORING_NS.into());
+    claims.create(&PostParams::default(), &refused).await.expect("the labelled namespace admits it");
+    println!("unlabelled namespace {NS}: {err}");
+}

@@ -11,6 +11,7 @@ use migdra::mig::devices::GpuMode;
 use migdra::mig::naming::DeviceName;
 use migdra::prepare::{Engine, Options, OrphanAction, OrphanPolicy, PrepareError, Step};
 use migdra::state::ClaimState;
+use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -747,4 +748,209 @@ fn eight_claims_on_eight_gpus_run_in_parallel() {
     );
     assert!(eight < one * 4, "eight took {eight:?}, one {one:?}: not parallel");
     assert!(one >= Duration::from_millis(600));
+}
+
+// === Admin access ===
+
+fn admin(device: &str) -> AllocationResult {
+    AllocationResult { request: "monitor".into(), admin_access: Some(true), ..result(device) }
+}
+
+/// (path, minor) of every device node in the spec device a CDI ID names, and its environment.
+fn spec_device(node: &Node, uid: &str, cdi_id: &str) -> (Vec<(String, Option<u64>)>, Vec<String>) {
+    let path = node.dir.path().join(format!("cdi/{DRIVER}-claim_{uid}.json"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let name = cdi_id.split_once('=').unwrap().1;
+    let dev = spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
+    let nodes = dev["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["path"].as_str().unwrap().to_string(), n["minor"].as_u64()))
+        .collect();
+    let env = dev["containerEdits"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().into()).collect();
+    (nodes, env)
+}
+
+/// The checkpoint's claims holding instances, and its admin-access claims.
+fn keys(cp: &migdra::state::Checkpoint) -> (Vec<&str>, Vec<&str>) {
+    (cp.claims.keys().map(String::as_str).collect(), cp.admin.keys().map(String::as_str).collect())
+}
+
+fn caps(nodes: &[(String, Option<u64>)]) -> BTreeSet<(String, Option<u64>)> {
+    nodes.iter().filter(|(p, _)| p.starts_with("/dev/nvidia-caps/")).cloned().collect()
+}
+
+/// A monitoring claim (`adminAccess: true`) sees the GPU and every instance on it, and creates,
+/// destroys and reserves nothing: its allocated partition stays free for a real claim, the
+/// checkpoint's claims do not include it, and its unprepare leaves every instance in place.
+#[test]
+fn admin_access_sees_every_instance_and_creates_destroys_and_reserves_nothing() {
+    let node = Node::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let (h100, a100) = (node.minor(0), node.minor(1));
+    let worker = engine.prepare(&claim("w"), &[result(&mig_name(h100, model, 9, 4))]).unwrap();
+    let worker_caps = caps(&spec_device(&node, "w", &worker[0].cdi_ids[0]).0);
+    let before = node.instances();
+
+    // Allocated a 1g.10gb partition that does not exist: nothing is made for it.
+    let watched = mig_name(h100, model, 19, 0);
+    let out = engine.prepare(&claim("m"), &[admin(&watched)]).unwrap();
+    assert_eq!(node.instances(), before, "no instance created or destroyed");
+    let (nodes, env) = spec_device(&node, "m", &out[0].cdi_ids[0]);
+    assert!(nodes.iter().any(|(p, _)| *p == format!("/dev/nvidia{h100}")), "{nodes:?}");
+    assert_eq!(caps(&nodes), worker_caps, "the existing instance's capability nodes");
+    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", node.uuid(0))), "{env:?}");
+    assert!(env.contains(&"MIGDRA_ADMIN_ACCESS=true".to_string()), "{env:?}");
+    let status = &out[0].status;
+    assert!(status.admin_access && status.mig_uuid.is_none() && status.placement.is_none(), "{status:?}");
+    assert_eq!((status.slurm_shards, status.parent_uuid.as_str()), (0, node.uuid(0).as_str()));
+    let cp = engine.checkpoint().unwrap();
+    assert_eq!(keys(&cp), (vec!["w"], vec!["m"]));
+    assert_eq!(cp.mig_records().count(), 1, "the admin claim holds no partition");
+
+    // Not reserved: a real claim gets the same partition; the admin spec shows it from the next
+    // prepare on (the kubelet asks again when the monitoring pod's containers start).
+    engine.prepare(&claim("x"), &[result(&watched)]).unwrap();
+    assert_eq!(node.instances().len(), 2);
+    let again = engine.prepare(&claim("m"), &[admin(&watched)]).unwrap();
+    assert_eq!(caps(&spec_device(&node, "m", &again[0].cdi_ids[0]).0).len(), 4, "both instances, GI and CI each");
+
+    // A whole GPU, in use by another claim, and the whole-GPU name of a MIG GPU: both allowed.
+    engine.prepare(&claim("full"), &[result(&format!("gpu-{a100}"))]).unwrap();
+    let whole = engine.prepare(&claim("m2"), &[admin(&format!("gpu-{a100}")), admin(&format!("gpu-{h100}"))]).unwrap();
+    let (a100_nodes, _) = spec_device(&node, "m2", &whole[0].cdi_ids[0]);
+    assert!(caps(&a100_nodes).is_empty() && a100_nodes.iter().any(|(p, _)| *p == format!("/dev/nvidia{a100}")));
+    assert_eq!(caps(&spec_device(&node, "m2", &whole[1].cdi_ids[0]).0).len(), 4);
+
+    let files = node.cdi_files();
+    engine.unprepare("m").unwrap();
+    engine.unprepare("m2").unwrap();
+    assert_eq!(node.instances().len(), 2, "unprepare destroys nothing");
+    assert_eq!(node.cdi_files(), files - 2, "only the admin specs went");
+    assert!(engine.checkpoint().unwrap().admin.is_empty());
+    for uid in ["w", "x", "full"] {
+        engine.unprepare(uid).unwrap();
+    }
+    assert!(node.instances().is_empty() && node.cdi_files() == 0);
+}
+
+/// What migdra refuses of admin access, each in one line with nothing left behind. A claim the
+/// API server should have refused (no namespace label) is not among them: the label is the API
+/// server's to check, and migdra prepares what the allocation says.
+#[test]
+fn bad_admin_input_is_refused_in_one_line_and_leaves_nothing() {
+    let node = Node::new("h100-80gb:1");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let m = node.minor(0);
+    let held = mig_name(m, model, 9, 0);
+    engine.prepare(&claim("w"), &[result(&held)]).unwrap();
+    let free = mig_name(m, model, 19, 4);
+    let cases: Vec<(&str, Vec<AllocationResult>, &str)> = vec![
+        (
+            "mixed",
+            vec![admin(&free), result(&mig_name(m, model, 19, 5))],
+            "put admin-access requests in a claim of their own",
+        ),
+        ("no-gpu", vec![admin("gpu-77")], "minor 77"),
+        ("malformed", vec![admin("gpu-0-mig-3g40gb")], "gpu-0-mig-3g40gb"),
+        ("w", vec![admin(&held)], "admin access"),
+    ];
+    let before = node.instances();
+    for (uid, results, needle) in cases {
+        let err = engine.prepare(&claim(uid), &results).expect_err(uid).to_string();
+        assert!(err.contains(needle) && !err.contains('\n'), "{uid}: {err}");
+        assert_eq!(node.instances(), before, "{uid}");
+        assert!(!engine.checkpoint().unwrap().admin.contains_key(uid), "{uid}");
+    }
+    assert_eq!(node.cdi_files(), 1, "the worker's spec alone");
+    engine.prepare(&claim("m"), &[admin(&free)]).unwrap();
+    let err = engine.prepare(&claim("m"), &[result(&free)]).unwrap_err();
+    assert!(matches!(err, PrepareError::AllocationChanged { .. }), "{err}");
+    assert_eq!(node.instances(), before);
+
+    // NVML failing while the instances are listed: refused, nothing written.
+    node.sim.add_fault(Fault::parse("list-ci=unknown:1").unwrap()).unwrap();
+    let err = engine.prepare(&claim("f"), &[admin(&free)]).unwrap_err().to_string();
+    assert!(err.contains("ns/claim-f") && err.contains("list compute instances"), "{err}");
+    assert!(!engine.checkpoint().unwrap().admin.contains_key("f"));
+    assert_eq!(node.cdi_files(), 2);
+}
+
+/// An admin claim in the checkpoint through a crash at each of its steps, a restart, a reboot
+/// and a lost checkpoint: recovery never counts it, never sweeps or keeps an instance for it,
+/// never touches the instances it watches, and the kubelet's retry converges.
+#[test]
+fn an_admin_claim_survives_crashes_reboots_and_a_lost_checkpoint() {
+    quiet_crashes();
+    let model = catalog::model("h100-80gb").unwrap();
+    for step in [Step::PrepareStarted, Step::CdiWritten, Step::PrepareCompleted, Step::CdiDeleted, Step::ClaimDropped] {
+        let node = Node::new("h100-80gb:1");
+        let m = node.minor(0);
+        node.engine().prepare(&claim("w"), &[result(&mig_name(m, model, 9, 4))]).unwrap();
+        let before = node.instances();
+        let watched = mig_name(m, model, 19, 0);
+        let crashing = node.engine().with_hook(Arc::new(move |s| {
+            if s == step {
+                panic!("crash at {}", s.name());
+            }
+        }));
+        let unprepare_phase = matches!(step, Step::CdiDeleted | Step::ClaimDropped);
+        if unprepare_phase {
+            crashing.prepare(&claim("m"), &[admin(&watched)]).unwrap_or_else(|_| panic!("{}", step.name()));
+        }
+        let crashed = catch_unwind(AssertUnwindSafe(|| {
+            if unprepare_phase {
+                let _ = crashing.unprepare("m");
+            } else {
+                let _ = crashing.prepare(&claim("m"), &[admin(&watched)]);
+            }
+        }));
+        assert!(crashed.is_err(), "{} reached", step.name());
+        drop(crashing);
+
+        let engine = node.engine();
+        let report = engine.recover().unwrap();
+        assert!(report.orphans.is_empty(), "{}: {:?}", step.name(), report.orphans);
+        assert_eq!(node.instances(), before, "{}", step.name());
+        let cp = engine.checkpoint().unwrap();
+        assert_eq!(cp.claims.keys().collect::<Vec<_>>(), ["w"], "{}", step.name());
+        if unprepare_phase {
+            engine.unprepare("m").unwrap();
+        } else {
+            engine.prepare(&claim("m"), &[admin(&watched)]).unwrap();
+            engine.unprepare("m").unwrap();
+        }
+        assert_eq!(node.instances(), before, "{}", step.name());
+        assert_eq!(node.cdi_files(), 1, "{}: the worker's spec alone", step.name());
+        assert!(engine.checkpoint().unwrap().admin.is_empty());
+    }
+
+    // A lost checkpoint is rebuilt with the admin claim apart, by its spec's marker.
+    let node = Node::new("h100-80gb:1");
+    let m = node.minor(0);
+    node.engine().prepare(&claim("w"), &[result(&mig_name(m, model, 9, 4))]).unwrap();
+    node.engine().prepare(&claim("m"), &[admin(&mig_name(m, model, 19, 0))]).unwrap();
+    std::fs::write(node.dir.path().join("state/checkpoint.json"), b"{}").unwrap();
+    let engine = node.engine();
+    let report = engine.recover().unwrap();
+    assert_eq!((report.checkpoint, report.rebuilt_claims.len()), ("corrupt", 2));
+    let cp = engine.checkpoint().unwrap();
+    assert_eq!(keys(&cp), (vec!["w"], vec!["m"]));
+    assert!(report.orphans.is_empty() && node.instances().len() == 1);
+
+    // A reboot: the worker is marked for re-creation, the admin claim is not; its spec is
+    // written again with what exists now (nothing).
+    node.sim.reboot().unwrap();
+    let engine = node.engine();
+    let report = engine.recover().unwrap();
+    assert_eq!(report.marked_for_recreate, ["w"]);
+    assert!(report.repaired_cdi_specs.iter().any(|(uid, _)| uid == "m"), "{report:?}");
+    let cp = engine.checkpoint().unwrap();
+    let id = &cp.admin["m"].devices[0].cdi_ids[0];
+    assert!(caps(&spec_device(&node, "m", id).0).is_empty());
+    engine.unprepare("m").unwrap();
+    assert!(node.instances().is_empty());
 }

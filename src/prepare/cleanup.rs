@@ -244,7 +244,7 @@ impl Engine {
         let (specs, _unreadable) = self.cdi.list().map_err(CleanupError::Cdi)?;
         let mut out: Vec<StaleSpec> = specs
             .into_iter()
-            .filter(|(uid, _)| !cp.claims.contains_key(uid))
+            .filter(|(uid, _)| !cp.holds(uid))
             .map(|(uid, _)| StaleSpec {
                 path: self.cdi.spec_path(&uid).map(|p| p.display().to_string()).unwrap_or_default(),
                 claim_uid: uid,
@@ -257,7 +257,7 @@ impl Engine {
         // Under the checkpoint lock: a prepare records its claim there before writing its spec.
         let done = self.store.update(&self.boot_id, |now| {
             for s in &mut out {
-                s.outcome = if now.claims.contains_key(&s.claim_uid) {
+                s.outcome = if now.holds(&s.claim_uid) {
                     Outcome::skipped("its claim was prepared meanwhile")
                 } else {
                     match self.cdi.remove(&s.claim_uid) {
