@@ -669,6 +669,63 @@ mod tests {
         assert_eq!(validate(&slices, Layout::Split), Vec::<String>::new());
     }
 
+    fn tainted(gpus: &mut [GpuSlices], i: usize) {
+        use crate::mig::taints::{Cause, Effect, GpuHealth, TaintPolicy, apply};
+        let sick = GpuHealth { gpu: Some(Cause::Xid(79)), instances: vec![] };
+        apply(&mut gpus[i].devices, &sick, DRIVER, TaintPolicy::Taint(Effect::NoSchedule));
+    }
+
+    /// A tainted GPU's devices go where the 64-device cap of 1.35 holds (beside counter-consuming
+    /// devices); untainted whole GPUs keep packing 128 to a slice.
+    #[test]
+    fn a_tainted_gpu_packs_under_the_64_device_cap() {
+        let mut gpus = node(&[("a100-40gb", 130, GpuMode::Full)]);
+        for i in 0..65 {
+            tainted(&mut gpus, i);
+        }
+        let slices = build(DRIVER, NODE, None, 1, Layout::Split, &gpus).unwrap();
+        assert_eq!(device_counts(&slices), [64, 1, 65]);
+        assert_eq!(validate(&slices, Layout::Split), Vec::<String>::new());
+        let d = &slices[0].spec.devices.as_ref().unwrap()[0];
+        let t = &d.taints.as_ref().unwrap()[0];
+        assert_eq!(
+            (t.key.as_str(), t.value.as_deref(), t.effect.as_str()),
+            ("mig.slinky.slurm.net/xid", Some("79"), "NoSchedule")
+        );
+        assert_eq!(t.time_added, None, "the publisher, not the builder, sets the time");
+    }
+
+    #[test]
+    fn a_taint_keeps_its_time_and_a_new_one_gets_now() {
+        let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
+        let mut gpus = node(&[("h100-80gb", 2, GpuMode::Dynamic)]);
+        tainted(&mut gpus, 0);
+        let mut have = build(DRIVER, NODE, None, 1, Layout::Split, &gpus).unwrap();
+        keep_taint_times(&mut have, &[], at(100));
+        let times = |slices: &[ResourceSlice]| -> BTreeSet<(String, Option<i64>)> {
+            slices
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .flat_map(|d| {
+                    d.taints.iter().flatten().map(|t| (d.name.clone(), t.time_added.as_ref().map(|t| t.0.as_second())))
+                })
+                .collect()
+        };
+        assert!(times(&have).iter().all(|(_, t)| *t == Some(100)));
+        assert_eq!(times(&have).len(), gpus[0].devices.len());
+
+        // Both GPUs unhealthy, one more generation: GPU 0's taints keep 100, GPU 1's get 200.
+        tainted(&mut gpus, 1);
+        let mut want = build(DRIVER, NODE, None, 2, Layout::Split, &gpus).unwrap();
+        keep_taint_times(&mut want, &have, at(200));
+        let t = times(&want);
+        let first = |n: &str| parent(n) == "gpu-100";
+        assert!(t.iter().all(|(n, s)| *s == Some(if first(n) { 100 } else { 200 })), "{t:?}");
+        assert_eq!(taints_of(&want).len(), gpus[0].devices.len() + gpus[1].devices.len());
+        strip_taints(&mut want);
+        assert!(taints_of(&want).is_empty());
+    }
+
     #[test]
     fn names_sort_in_priority_order() {
         // 16 RTX PRO in Combined: one slice each, indexes 0..f.
