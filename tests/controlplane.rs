@@ -925,8 +925,11 @@ async fn rbac_with_only_the_daemonset_role() {
     println!("as {SERVICE_ACCOUNT} on {NODE}, node-b's slice refused: {} {}", refusal.code, refusal.message);
 }
 
-/// Every taint of our published devices: device → (key, value, effect, timeAdded).
-fn taints(published: &[ResourceSlice]) -> BTreeMap<String, Vec<(String, Option<String>, String, String)>> {
+/// A device taint: key, value, effect, timeAdded.
+type Taint = (String, Option<String>, String, String);
+
+/// Every taint of our published devices, by device.
+fn taints(published: &[ResourceSlice]) -> BTreeMap<String, Vec<Taint>> {
     published
         .iter()
         .flat_map(|s| s.spec.devices.iter().flatten())

@@ -123,6 +123,9 @@ async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
     assert_eq!(node.calls().iter().filter(|c| *c == "nvmlDeviceSetMigMode").count(), 0);
 }
 
+/// A device taint's key and value.
+type Taint = (String, Option<String>);
+
 /// The same XID through NVML reaches the slices: every device of the GPU gets the
 /// `<driver>/xid` taint with the XID NVML's event reported (a lost GPU's `gpu-lost` may come
 /// first, as the health stream's message does), the other GPU's devices none.
@@ -135,7 +138,7 @@ async fn an_xid_on_nvml_taints_the_gpu_devices_in_the_slices() {
     let node = node.kubeconfig(kubeconfig);
     let daemon = node.serve().spawn();
     let gpus = hw.gpus().unwrap();
-    let taints = || -> Vec<(String, Vec<(String, Option<String>)>)> {
+    let taints = || -> Vec<(String, Vec<Taint>)> {
         let slices: Vec<ResourceSlice> =
             api.list("resourceslices").into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
         let devices = complete(slices).unwrap_or_default();

@@ -332,7 +332,8 @@ fn unhealthy_gpus_are_tainted_with_the_effect_the_flag_picks() {
     created("0", "3g.40gb", "4");
     created("1", "1g.10gb", "0");
     let sick_instance = created("1", "3g.40gb", "4");
-    let gi = sick_instance["gpu_instance_id"].as_u64().unwrap().to_string();
+    let gi_id = sick_instance["gpu_instance_id"].as_u64().unwrap();
+    let gi = gi_id.to_string();
     run(&["sim", "health", "--gpu", "0", "--unhealthy"]);
     run(&["sim", "health", "--gpu", "3", "--unhealthy"]);
     run(&["sim", "health", "--gpu", "1", "--gi", &gi, "--unhealthy"]);
@@ -342,7 +343,7 @@ fn unhealthy_gpus_are_tainted_with_the_effect_the_flag_picks() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|i| i["gpu_instance_id"].to_string() == gi)
+        .find(|i| i["gpu_instance_id"].as_u64() == Some(gi_id))
         .unwrap()["device"]
         .as_str()
         .unwrap()
