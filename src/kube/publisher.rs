@@ -16,20 +16,19 @@
 //!   field never makes a rewrite loop.
 
 use super::inventory::{self, PublishOptions};
-use super::slices::{self, Layout};
+use super::slices::{self, Layout, TaintSet};
 use crate::mig::taints::{GpuHealth, TaintPolicy};
 use crate::prepare::Engine;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-
-/// Device taints as [`slices::taints_of`] lists them.
-type TaintSet = BTreeSet<(String, String, Option<String>, String)>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -233,9 +232,9 @@ impl Publisher {
             slices::strip_taints(built);
             return;
         }
-        let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        let now = k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        slices::keep_taint_times(built, existing, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        // Whole seconds, as the server stores a time: what it returns then equals what was sent.
+        let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
+        slices::keep_taint_times(built, existing, Time(now));
     }
 
     /// With DRADeviceTaints off the API server silently drops taints: remember what it dropped

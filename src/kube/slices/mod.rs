@@ -291,9 +291,12 @@ pub fn keep_taint_times(want: &mut [ResourceSlice], have: &[ResourceSlice], now:
     }
 }
 
+/// Taints without their times: (device, key, value, effect).
+pub type TaintSet = BTreeSet<(String, String, Option<String>, String)>;
+
 /// Every taint of the slices, by device, without times: what the publisher compares to see
 /// whether the API server kept them.
-pub fn taints_of(slices: &[ResourceSlice]) -> BTreeSet<(String, String, Option<String>, String)> {
+pub fn taints_of(slices: &[ResourceSlice]) -> TaintSet {
     slices
         .iter()
         .flat_map(|s| s.spec.devices.iter().flatten())
