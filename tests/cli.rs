@@ -214,6 +214,47 @@ fn bad_input_gets_one_line_exit_2_and_leaves_the_state_untouched() {
     assert_eq!(std::fs::read(&state).unwrap(), b"{ not json", "a corrupt file is left as it is");
 }
 
+/// An unknown taint effect, from the flag or its environment variable, is bad input for both
+/// commands that publish taints; serve refuses it before it opens anything.
+#[test]
+fn an_unknown_taint_effect_is_named_with_the_valid_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = state_arg(&dir.path().join("gpus.json"));
+    let valid = "NoSchedule, NoExecute, None, disabled";
+    let e = usage_error(&[
+        "slices",
+        "--sim",
+        "h100-80gb:1",
+        "--sim-state",
+        &s,
+        "--unhealthy-taint-effect",
+        "PreferNoSchedule",
+    ]);
+    assert!(e.contains("\"PreferNoSchedule\"") && e.contains(valid), "{e}");
+    let plugin_dir = dir.path().join("plugin");
+    let plugin = state_arg(&plugin_dir);
+    let e = usage_error(&[
+        "serve",
+        "--sim",
+        "h100-80gb:1",
+        "--sim-state",
+        &s,
+        "--plugin-dir",
+        &plugin,
+        "--unhealthy-taint-effect",
+        "off",
+    ]);
+    assert!(e.contains("\"off\"") && e.contains(valid), "{e}");
+    let out = command::migdra()
+        .env("MIGDRA_UNHEALTHY_TAINT_EFFECT", "evict")
+        .args(["serve", "--sim", "h100-80gb:1", "--sim-state", &s, "--plugin-dir", &plugin])
+        .run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!((out.status.code(), stderr.lines().count()), (Some(2), 1), "{stderr}");
+    assert!(stderr.contains("\"evict\"") && stderr.contains(valid), "{stderr}");
+    assert!(!plugin_dir.exists() && !dir.path().join("gpus.json").exists(), "nothing was created");
+}
+
 #[test]
 fn nvml_refusals_exit_1_and_faults_and_reboot_work_from_the_cli() {
     let dir = tempfile::tempdir().unwrap();

@@ -931,6 +931,120 @@ async fn rbac_with_only_the_daemonset_role() {
     println!("as {SERVICE_ACCOUNT} on {NODE}, node-b's slice refused: {} {}", refusal.code, refusal.message);
 }
 
+/// A device taint: key, value, effect, timeAdded.
+type Taint = (String, Option<String>, String, String);
+
+/// Every taint of our published devices, by device.
+fn taints(published: &[ResourceSlice]) -> BTreeMap<String, Vec<Taint>> {
+    published
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter_map(|d| {
+            let t = d.taints.as_ref().filter(|t| !t.is_empty())?;
+            let t = t
+                .iter()
+                .map(|t| {
+                    let added = t.time_added.as_ref().map(|a| a.0.to_string()).unwrap_or_default();
+                    (t.key.clone(), t.value.clone(), t.effect.clone(), added)
+                })
+                .collect();
+            Some((d.name.clone(), t))
+        })
+        .collect()
+}
+
+/// A GPU that had a critical XID gets a NoSchedule taint on every device it has (every
+/// partition, and the device of the instance already in use), and the real scheduler puts new
+/// claims elsewhere: a claim that fits only there stays pending. The taint keeps its time while
+/// the GPU stays unhealthy; once it recovers the taints go and the pending claim lands on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_gpu_is_tainted_and_avoided_until_it_recovers() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start().await;
+    assert_eq!(taints(&cluster.published(Duration::from_secs(30)).await), BTreeMap::new(), "healthy: no taints");
+
+    // An instance in use on one H100: that GPU is the one that fails.
+    cluster.create_pod("t-1g", "1g.10gb", None).await;
+    assert_eq!(cluster.outcome("t-1g", Duration::from_secs(60)).await, Outcome::Bound);
+    let in_use = cluster.prepare("t-1g").await.remove(0);
+    let sick = DeviceName::parse(&in_use).unwrap().minor();
+    let gpus = cluster.node.layout()["gpus"].as_array().unwrap().clone();
+    let uuid_of = |minor: u32| {
+        let g = gpus.iter().find(|g| g["minor"] == minor).unwrap();
+        g["uuid"].as_str().unwrap().to_string()
+    };
+    let sick_uuid = uuid_of(sick);
+    let on_sick = |name: &str| DeviceName::parse(name).unwrap().minor() == sick;
+    cluster.node.cli(&["sim", "health", "--gpu", &sick_uuid, "--unhealthy"]);
+
+    let t0 = Instant::now();
+    let tainted = eventually("every device of the unhealthy GPU tainted")
+        .within(Duration::from_secs(30))
+        .every(Duration::from_millis(100))
+        .explain(|| cluster.diagnostics())
+        .until_async(|| async {
+            let published = cluster.published(Duration::from_secs(30)).await;
+            let names: Vec<String> =
+                published.iter().flat_map(|s| s.spec.devices.iter().flatten()).map(|d| d.name.clone()).collect();
+            let t = taints(&published);
+            let want: BTreeSet<&String> = names.iter().filter(|n| on_sick(n)).collect();
+            let got: BTreeSet<&String> = t.keys().collect();
+            if got == want { Ok(t) } else { Err(format!("tainted {got:?}, want {want:?}")) }
+        })
+        .await;
+    println!("{} devices of GPU minor {sick} tainted {:.1?} after the XID", tainted.len(), t0.elapsed());
+    assert!(tainted.contains_key(&in_use), "the instance in use is tainted too: {tainted:?}");
+    for (device, t) in &tainted {
+        assert_eq!(t.len(), 1, "{device}: {t:?}");
+        let (key, value, effect, added) = &t[0];
+        assert_eq!(
+            (key.as_str(), value.as_deref(), effect.as_str()),
+            (&*format!("{DRIVER}/xid"), Some("79"), "NoSchedule")
+        );
+        assert!(!added.is_empty(), "{device}: timeAdded is set");
+    }
+
+    // The other H100 takes two 3g.40gb claims; a third fits only on the tainted GPU (at
+    // placement 0, beside the 1g instance at the end) and stays pending.
+    for pod in ["t-3g-a", "t-3g-b"] {
+        cluster.create_pod(pod, "3g.40gb", None).await;
+        assert_eq!(cluster.outcome(pod, Duration::from_secs(60)).await, Outcome::Bound, "{pod}");
+        let device = cluster.prepare(pod).await.remove(0);
+        assert!(!on_sick(&device), "{pod} got {device} on the tainted GPU");
+    }
+    cluster.create_pod("t-3g-c", "3g.40gb", None).await;
+    match cluster.outcome("t-3g-c", Duration::from_secs(60)).await {
+        Outcome::Unschedulable(m) => println!("t-3g-c pending while GPU minor {sick} is tainted: {m}"),
+        Outcome::Bound => panic!("t-3g-c bound while only the tainted GPU has room: {:?}", cluster.allocations().await),
+    }
+    let fit = cluster.fits_now("3g.40gb").await.expect("without the taint 3g.40gb would fit");
+    assert!(on_sick(&fit), "{fit}");
+    let later = taints(&cluster.published(Duration::from_secs(30)).await);
+    assert_eq!(later, tainted, "the taints, times included, stay as they were while the GPU is unhealthy");
+    check_slices_stay_put(&cluster).await;
+
+    cluster.node.cli(&["sim", "health", "--gpu", &sick_uuid]);
+    let t0 = Instant::now();
+    eventually("the taints removed after recovery")
+        .within(Duration::from_secs(30))
+        .every(Duration::from_millis(100))
+        .explain(|| cluster.diagnostics())
+        .until_async(|| async {
+            let t = taints(&cluster.published(Duration::from_secs(30)).await);
+            if t.is_empty() { Ok(()) } else { Err(format!("{} devices still tainted", t.len())) }
+        })
+        .await;
+    println!("taints removed {:.1?} after recovery", t0.elapsed());
+    assert_eq!(
+        cluster.outcome("t-3g-c", Duration::from_secs(60)).await,
+        Outcome::Bound,
+        "t-3g-c once the GPU recovered"
+    );
+    let device = cluster.prepare("t-3g-c").await.remove(0);
+    assert!(on_sick(&device), "t-3g-c lands on the recovered GPU: {device}");
+    println!("t-3g-c prepared on {device}, on the recovered GPU");
+}
+
 /// Pods come and go; every "unschedulable" must be true by the counter model and NVML's rules,
 /// and the placements are counted next to a best-placement baseline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1094,6 +1208,24 @@ async fn slices_on_a_1_34_api_server_use_the_combined_layout() {
     let sets: usize = published.iter().map(|s| s.spec.shared_counters.as_ref().map_or(0, Vec::len)).sum();
     assert_eq!(sets, 2, "the 1.34 server kept sharedCounters, beside the devices");
     assert!(published.iter().all(|s| s.spec.shared_counters.is_none() || s.spec.devices.is_some()));
+
+    // DRADeviceTaints is off in 1.34: the server drops the taints of an unhealthy GPU. migdra
+    // says so and does not send them again, so nothing loops rewriting the slices.
+    node.cli(&["sim", "health", "--gpu", "0", "--unhealthy"]);
+    eventually("migdra notices the dropped taints")
+        .within(Duration::from_secs(30))
+        .every(Duration::from_millis(200))
+        .explain(explain)
+        .until(|| daemon.log().contains("dropped the device taints"))
+        .await;
+    let versions = |slices: &[ResourceSlice]| -> Vec<(Option<String>, Option<String>)> {
+        slices.iter().map(|s| (s.metadata.name.clone(), s.metadata.resource_version.clone())).collect()
+    };
+    let before = versions(&pool(&client, NODE, Duration::from_secs(30), explain).await.0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = pool(&client, NODE, Duration::from_secs(30), explain).await.0;
+    assert_eq!(before, versions(&after), "migdra keeps rewriting slices whose taints the server drops\n{}", explain());
+    assert!(after.iter().flat_map(|s| s.spec.devices.iter().flatten()).all(|d| d.taints.is_none()));
 }
 
 /// The monitoring example's namespace (labelled for admin access).
