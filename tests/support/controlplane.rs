@@ -36,6 +36,13 @@ pub struct Versions {
     pub bin_dir: PathBuf,
 }
 
+impl Versions {
+    /// The API server's minor version, e.g. 37 for v1.37.2 (0 if unknown).
+    pub fn minor(&self) -> u32 {
+        self.apiserver.split('.').nth(1).and_then(|m| m.parse().ok()).unwrap_or(0)
+    }
+}
+
 impl std::fmt::Display for Versions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
