@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/pluginregistration/api.proto",
         "proto/dra/v1/api.proto",
         "proto/dra/v1beta1/api.proto",
+        "proto/dra-health/v1/api.proto",
         "proto/dra-health/v1alpha1/api.proto",
     ];
     let descriptors = protox::compile(files, ["proto"])?;

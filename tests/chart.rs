@@ -312,6 +312,19 @@ fn schema_choices_are_the_cli_choices() {
                 .push(format!("values.schema.json {pointer}: {schema_values:?}, but --{flag} takes {cli_values:?}"));
         }
     }
+    // A plain string flag (its bad values get migdra's one-line error), checked against the list
+    // that error names.
+    let taint_values: BTreeSet<&str> = migdra::mig::taints::TaintPolicy::VALUES.split(", ").collect();
+    let schema_taints: BTreeSet<&str> = schema["properties"]["unhealthyTaintEffect"]["enum"]
+        .as_array()
+        .expect("values.schema.json unhealthyTaintEffect has an enum")
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|v| !v.is_empty())
+        .collect();
+    if schema_taints != taint_values {
+        failures.push(format!("unhealthyTaintEffect: {schema_taints:?}, but the flag takes {taint_values:?}"));
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -383,6 +396,7 @@ fn values_render_what_migdra_reads() {
         ("MIGDRA_MIG_MODE", "static"),
         ("MIGDRA_DEVICE_ORDER", "ascending"),
         ("MIGDRA_DEVICE_NAMES", "slurm"),
+        ("MIGDRA_UNHEALTHY_TAINT_EFFECT", "NoExecute"),
         ("MIGDRA_PROFILES", "1g.10gb,3g.40gb,7g.80gb"),
         ("MIGDRA_LOG_LEVEL", "debug"),
         ("MIGDRA_LOG_FORMAT", "text"),

@@ -106,3 +106,20 @@ fn every_resource_is_exact_too() {
         }
     }
 }
+
+/// GB200, B300 and GB300 publish what the B200 does: memory slices 0 to 6 and the one OFA engine
+/// two `+me` partitions would share, 8 counters of 15, over the same 19300 sets.
+#[test]
+fn the_newest_blackwells_publish_the_b200_counter_set() {
+    let mut want: Vec<String> = (0..7).map(counters::memory_slice).chain([counters::OFA_ENGINES.into()]).collect();
+    want.sort();
+    for key in ["b200-180gb", "gb200-186gb", "b300-269gb", "gb300-278gb"] {
+        let model = catalog::model(key).unwrap();
+        let names: Vec<String> = CounterSet::for_model(model).capacity().keys().cloned().collect();
+        assert_eq!(names, want, "{key}");
+        let r = proof::prove(model).unwrap_or_else(|d| panic!("{d}"));
+        let figures = (r.devices, r.counters, r.sets_checked, r.sets_admitted, r.largest_set);
+        assert_eq!(figures, (26, 8, 19300, 2320, 7), "{key}");
+        assert_eq!(counters::resources(model).len(), 15, "{key}");
+    }
+}

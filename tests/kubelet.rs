@@ -10,7 +10,7 @@ mod support;
 
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::{Device, Prepared, TestKubelet, Version};
-use migdra::kubelet::proto::health_v1alpha1::{HealthStatus, NodeWatchResourcesResponse};
+use migdra::kubelet::proto::health_v1::{HealthStatus, NodeWatchResourcesResponse};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -83,7 +83,7 @@ fn health_map(msg: &NodeWatchResourcesResponse) -> BTreeMap<String, HealthStatus
 
 /// Read health messages until one satisfies `want` (5 s at most).
 async fn health_until(
-    stream: &mut tonic::Streaming<NodeWatchResourcesResponse>,
+    stream: &mut migdra::kubelet::client::HealthStream,
     what: &str,
     want: impl Fn(&BTreeMap<String, HealthStatus>) -> bool,
 ) -> BTreeMap<String, HealthStatus> {
@@ -145,12 +145,34 @@ async fn registration_handshake() {
     assert_eq!(info.name, DRIVER);
     assert_eq!(Path::new(&info.endpoint), daemon.dra);
     assert!(Path::new(&info.endpoint).is_absolute());
-    assert_eq!(info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]);
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+    );
     let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode(&daemon.dra), 0o600, "DRA socket mode");
     assert_eq!(mode(&daemon.registration), 0o600, "registration socket mode");
     assert_eq!(mode(&node.plugin_dir()), 0o750, "plugin directory mode");
-    kubelet.watch_health().await.expect("health is served");
+    // A 1.37 kubelet picks v1; a 1.36 one calls v1alpha1 whatever the list says. Both streams
+    // carry the same devices and health.
+    let mut v1 = kubelet.watch_health().await.expect("health is served");
+    assert_eq!(v1.version(), "v1.DRAResourceHealth");
+    let mut older = kubelet.clone();
+    older.info.supported_versions.retain(|v| v != "v1.DRAResourceHealth");
+    let mut v1alpha1 = older.watch_health().await.expect("v1alpha1 is served too");
+    assert_eq!(v1alpha1.version(), "v1alpha1.DRAResourceHealth");
+    let first = |m: Option<NodeWatchResourcesResponse>| health_map(&m.expect("a first message"));
+    let (a, b) = (first(v1.message().await.unwrap()), first(v1alpha1.message().await.unwrap()));
+    assert!(!a.is_empty());
+    assert_eq!(a, b, "both versions stream the same health");
+    let log = daemon.log();
+    for version in ["v1", "v1alpha1"] {
+        assert!(
+            log.contains(&format!("health stream opened version=\"{version}\""))
+                || log.contains(&format!("\"version\":\"{version}\"")),
+            "{log}"
+        );
+    }
     drop(daemon);
 
     let node = sim_node();

@@ -1,7 +1,8 @@
 //! migdra against the kubelet's own code, not our stand-in: `migdra-kubelet` (hack/kubelet,
 //! built by `hack/build-kubelet.sh`) runs the kubelet's plugin manager and DRA manager of
-//! Kubernetes 1.36.3 (and 1.34.4), and the CDI library a container runtime uses, against a real
-//! control plane (tests/support/controlplane.rs) and a real `migdra serve` on simulated GPUs.
+//! Kubernetes 1.37.2, 1.36.3 and 1.34.4, and the CDI library a container runtime uses, each
+//! against a real control plane of its own version (tests/support/controlplane.rs) and a real
+//! `migdra serve` on simulated GPUs.
 //!
 //! What is real: registration through the plugin manager's socket watcher and its gRPC client;
 //! PrepareResources / GetResources / UnprepareResources / UpdateAllocatedResourcesStatus of the
@@ -34,7 +35,7 @@ use support::command::Run;
 use support::controlplane::ControlPlane;
 use support::daemon::Daemon;
 use support::eventually::eventually;
-use support::kubelet_code::{Build, Dirs, KUBELET_134, KUBELET_136, KubeletCode, ms_between, unix_ms};
+use support::kubelet_code::{Build, Dirs, KUBELET_134, KUBELET_136, KUBELET_137, KubeletCode, ms_between, unix_ms};
 use support::logs::{file_tail, tail};
 use support::node::NodeDir;
 use support::{DRIVER, NODE};
@@ -66,7 +67,7 @@ struct Env {
 impl Env {
     async fn start(build: Build) -> Self {
         let bin = support::kubelet_code::binary(build);
-        let cp = ControlPlane::start().await;
+        let cp = ControlPlane::start_release(build.controlplane).await;
         println!("control plane: {} (started in {:.1?})", cp.versions, cp.startup);
         println!("kubelet code: {} ({})", bin.display(), build.module);
         let client = cp.client().await;
@@ -450,6 +451,27 @@ async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Daemon, after: u
     a
 }
 
+/// The health API versions of the streams migdra served, from its log, each once.
+fn health_versions(serve: &Daemon) -> Vec<String> {
+    let log = serve.log();
+    let mut versions: Vec<String> = log
+        .lines()
+        .filter(|l| l.contains("health stream opened"))
+        .filter_map(|l| {
+            let v = l.split("version").nth(1)?;
+            Some(
+                v.trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .next()?
+                    .to_string(),
+            )
+        })
+        .collect();
+    versions.sort();
+    versions.dedup();
+    versions
+}
+
 /// Wait for an event of this kind (and endpoint) from index `after` on.
 async fn event(kubelet: &mut KubeletCode, kind: &str, endpoint: Option<&Path>, after: usize) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -518,12 +540,21 @@ fn other_h100(env: &Env, avoid: &str) -> u32 {
     *h100s.iter().find(|m| !avoid.starts_with(&format!("gpu-{m}-"))).unwrap()
 }
 
-/// Scenarios 1–5 on the kubelet code of 1.36: registration, prepare (scheduler and bridge),
-/// re-prepare, kubelet restart, migdra restart and a rolling upgrade.
+/// Scenarios 1–5 on the kubelet code of 1.37 and 1.36: registration, prepare (scheduler and
+/// bridge), re-prepare, kubelet restart, migdra restart and a rolling upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_137_registers_prepares_and_survives_restarts() {
+    registers_prepares_and_survives_restarts(KUBELET_137).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_136_registers_prepares_and_survives_restarts() {
+    registers_prepares_and_survives_restarts(KUBELET_136).await;
+}
+
+async fn registers_prepares_and_survives_restarts(build: Build) {
     let _serial = SERIAL.lock().await;
-    let mut env = Env::start(KUBELET_136).await;
+    let mut env = Env::start(build).await;
 
     println!("1. registration through the real plugin manager");
     let mut kubelet = env.kubelet("kubelet-state-1");
@@ -657,11 +688,21 @@ async fn kubelet_136_registers_prepares_and_survives_restarts() {
     drop(new);
 }
 
-/// Scenarios 6–8 on the kubelet code of 1.36: health, an overlapping claim, a node reboot.
+/// Scenarios 6–8 on the kubelet code of 1.37 and 1.36: health, an overlapping claim, a node
+/// reboot. The 1.37 DRA manager streams health over v1, the 1.36 one over v1alpha1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_137_health_overlap_and_reboot() {
+    health_overlap_and_reboot(KUBELET_137, "v1").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_136_health_overlap_and_reboot() {
+    health_overlap_and_reboot(KUBELET_136, "v1alpha1").await;
+}
+
+async fn health_overlap_and_reboot(build: Build, health_version: &str) {
     let _serial = SERIAL.lock().await;
-    let mut env = Env::start(KUBELET_136).await;
+    let mut env = Env::start(build).await;
     let mut kubelet = env.kubelet("kubelet-state");
     let mut serve = env.serve(None).await;
     register(&env, &mut kubelet, &serve, 0, "migdra serve").await;
@@ -715,6 +756,10 @@ async fn kubelet_136_health_overlap_and_reboot() {
     let t = Instant::now();
     let back = health_becomes(&mut kubelet, "p-health", "Healthy", t).await;
     println!("  unprepare + prepare (a new GPU instance): Healthy in {:.1?}: {back:?}", t.elapsed());
+    assert_eq!(health_versions(&serve), [health_version], "the health API the DRA manager chose");
+    println!(
+        "  the DRA manager streamed health over {health_version}.DRAResourceHealth (migdra advertises v1 and v1alpha1)"
+    );
 
     println!("7. a claim that overlaps a prepared partition");
     let minor: u32 = device.trim_start_matches("gpu-").split('-').next().unwrap().parse().unwrap();
@@ -759,9 +804,8 @@ async fn kubelet_136_health_overlap_and_reboot() {
     drop(serve);
 }
 
-/// Scenario 9: the kubelet code of 1.34.4 registers migdra and prepares (against the 1.36
-/// control plane: the 1.34 DRA manager reads resource.k8s.io/v1, which 1.36 serves, and a
-/// kubelet two minors older than its API server is within the supported skew).
+/// Scenario 9: the kubelet code of 1.34.4 registers migdra and prepares, against the 1.34.4
+/// control plane.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_134_registers_and_prepares() {
     let _serial = SERIAL.lock().await;
@@ -790,6 +834,7 @@ async fn kubelet_134_registers_and_prepares() {
     sim.set_gpu_health(&parent, true).unwrap();
     health_becomes(&mut kubelet, "p-bridge-134", "Healthy", Instant::now()).await;
     println!("  health through the 1.34 DRA manager (alpha gate on): XID 48 → {sick:?}, Healthy again once repaired");
+    assert_eq!(health_versions(&serve), ["v1alpha1"], "the 1.34 DRA manager knows only v1alpha1");
     // 1.34's UpdateAllocatedResourcesStatus matches the container's claim entry against the
     // ResourceClaim's own name, so a claim made from a template (named <pod>-<entry>-<suffix>)
     // never gets a status; 1.36 looks the name up in the pod's resourceClaimStatuses.

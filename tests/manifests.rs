@@ -639,7 +639,8 @@ fn templates_and_pods_name_what_exists() {
     let mut failures = Vec::new();
     for doc in docs.iter().filter(|d| d.kind() == "ResourceClaimTemplate") {
         let t: ResourceClaimTemplate = doc.typed();
-        for r in t.spec.spec.devices.iter().flat_map(|d| d.requests.iter().flatten()) {
+        let devices = t.spec.iter().flat_map(|t| t.spec.iter()).flat_map(|s| s.devices.iter());
+        for r in devices.flat_map(|d| d.requests.iter().flatten()) {
             let named = r.exactly.iter().map(|e| e.device_class_name.clone());
             let named = named.chain(r.first_available.iter().flatten().map(|s| s.device_class_name.clone()));
             for class in named.filter(|c| !classes.contains(c)) {
@@ -943,7 +944,7 @@ fn daemonset_runs_migdra_as_the_code_expects() {
     let base = |f: &str| file_documents(&repo().join(MANIFESTS).join("base").join(f));
     let ds: DaemonSet = base("daemonset.yaml").iter().find(|d| d.kind() == "DaemonSet").unwrap().typed();
     let (sa_ns, sa_name, _) = migdra_rules(&base("rbac.yaml"));
-    let spec = ds.spec.unwrap();
+    let spec = ds.spec;
     let pod = spec.template.spec.unwrap();
     assert_eq!(ds.metadata.namespace.as_deref(), Some(sa_ns.as_str()));
     assert_eq!(pod.service_account_name.as_deref(), Some(sa_name.as_str()));

@@ -6,17 +6,21 @@
 
 mod support;
 
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use migdra::gpu::nvml::NvmlBackend;
 use migdra::gpu::nvml::discovery::same_partitions;
 use migdra::gpu::{GpuBackend, GpuError, capability_minors};
 use migdra::kubelet::client::Version;
-use migdra::kubelet::proto::health_v1alpha1::HealthStatus;
+use migdra::kubelet::proto::health_v1::HealthStatus;
 use migdra::mig::catalog;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::claim::Claim;
+use support::cluster::complete;
 use support::command::{Run, migdra, scrubbed};
+use support::eventually::eventually;
+use support::fake_apiserver::ApiServer;
 use support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
 use support::{DRIVER, NODE};
 
@@ -117,6 +121,57 @@ async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
     kubelet.unprepare(Version::V1, &[claim]).await.unwrap();
     assert!(node.hw.gpu_instances(&gpus[1].uuid).unwrap().is_empty(), "unprepare destroyed the instance");
     assert_eq!(node.calls().iter().filter(|c| *c == "nvmlDeviceSetMigMode").count(), 0);
+}
+
+/// A device taint's key and value.
+type Taint = (String, Option<String>);
+
+/// The same XID through NVML reaches the slices: every device of the GPU gets the
+/// `<driver>/xid` taint with the XID NVML's event reported (a lost GPU's `gpu-lost` may come
+/// first, as the health stream's message does), the other GPU's devices none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_on_nvml_taints_the_gpu_devices_in_the_slices() {
+    let FakeNode { node, hw, .. } = FakeNode::new("h100-80gb:2");
+    let api = ApiServer::start().await;
+    api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let kubeconfig = api.kubeconfig(node.path());
+    let node = node.kubeconfig(kubeconfig);
+    let daemon = node.serve().spawn();
+    let gpus = hw.gpus().unwrap();
+    let taints = || -> Vec<(String, Vec<Taint>)> {
+        let slices: Vec<ResourceSlice> =
+            api.list("resourceslices").into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+        let devices = complete(slices).unwrap_or_default();
+        devices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| (d.name.clone(), d.taints.iter().flatten().map(|t| (t.key.clone(), t.value.clone())).collect()))
+            .collect()
+    };
+    eventually("the pool published without taints")
+        .explain(|| daemon.log_tail())
+        .until(|| {
+            let t = taints();
+            !t.is_empty() && t.iter().all(|(_, t)| t.is_empty())
+        })
+        .await;
+    hw.set_gpu_health(&gpus[0].uuid, false).unwrap();
+    let gpu0 = format!("gpu-{}", gpus[0].minor);
+    let xid = (format!("{DRIVER}/xid"), Some("79".to_string()));
+    eventually("GPU 0's devices tainted with XID 79")
+        .within(Duration::from_secs(20))
+        .every(Duration::from_millis(50))
+        .explain(|| daemon.log_tail())
+        .until(|| {
+            let t = taints();
+            let ok = !t.is_empty()
+                && t.iter().all(|(n, t)| {
+                    let sick = *n == gpu0 || n.starts_with(&format!("{gpu0}-"));
+                    if sick { *t == [xid.clone()] } else { t.is_empty() }
+                });
+            if ok { Ok(()) } else { Err(format!("{t:?}")) }
+        })
+        .await;
 }
 
 /// What hack/check-device.sh runs — `migdra layout` and `migdra slices` on NVML — shows what the

@@ -11,6 +11,7 @@ use migdra::mig::devices::GpuMode;
 use migdra::mig::naming::DeviceName;
 use migdra::prepare::{Engine, Options, OrphanAction, OrphanPolicy, PrepareError, Step};
 use migdra::state::ClaimState;
+use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,53 +144,53 @@ fn mig_name(minor: u32, model: &GpuModel, profile_id: u32, start: u32) -> String
     DeviceName::mig(minor, &model.profile(profile_id).unwrap().name, profile_id, start).to_string()
 }
 
+/// Prepare one partition as claim `uid`, check the instance NVML holds and the CDI spec the
+/// container gets, and unprepare it again, leaving nothing behind.
+fn prepare_check_unprepare(node: &Node, engine: &Engine, uid: &str, model: &GpuModel, profile_id: u32, start: u32) {
+    let p = model.profile(profile_id).unwrap();
+    let minor = node.minor(0);
+    let device = mig_name(minor, model, p.id, start);
+    let out = engine.prepare(&claim(uid), &[result(&device)]).unwrap();
+    assert_eq!(out.len(), 1);
+    let inst = node.instances();
+    assert_eq!(inst.len(), 1, "{device}");
+    let (_, gi, cis) = &inst[0];
+    assert_eq!((gi.profile_id, gi.start, gi.size, *cis), (p.id, start, p.memory_slices, 1), "{device}");
+    let status = &out[0].status;
+    assert_eq!(status.placement.unwrap().start, start);
+    assert_eq!(status.gpu_instance_id, Some(gi.id));
+    let mig_uuid = status.mig_uuid.clone().unwrap();
+    let ci = &node.sim.compute_instances(&node.uuid(0), gi.id).unwrap()[0];
+    assert_eq!(mig_uuid, ci.uuid);
+
+    let spec = engine_spec(node, uid);
+    let id = &out[0].cdi_ids[0];
+    let (kind, name) = id.split_once('=').unwrap();
+    assert_eq!(spec["kind"], kind);
+    let dev = spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
+    let env: Vec<&str> = dev["containerEdits"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
+    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}").as_str()));
+    let nodes: Vec<&str> =
+        dev["containerEdits"]["deviceNodes"].as_array().unwrap().iter().map(|n| n["path"].as_str().unwrap()).collect();
+    let gpu_nodes: Vec<&&str> =
+        nodes.iter().filter(|n| n.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).collect();
+    assert_eq!(gpu_nodes, [&format!("/dev/nvidia{minor}").as_str()], "only the parent GPU node");
+    assert_eq!(nodes.iter().filter(|n| n.starts_with("/dev/nvidia-caps/")).count(), 2);
+
+    engine.unprepare(uid).unwrap();
+    assert!(node.instances().is_empty(), "{device}");
+    assert_eq!(node.cdi_files(), 0);
+}
+
 #[test]
 fn every_profile_of_every_model_prepares_at_the_exact_placement_and_unprepares() {
     let mut checked = 0;
     for model in catalog::models() {
         let node = Node::new(&format!("{}:1", model.key));
         let engine = node.engine();
-        let minor = node.minor(0);
         for p in &model.profiles {
             for &start in &p.placements {
-                let uid = format!("u-{}-{start}", p.id);
-                let device = mig_name(minor, model, p.id, start);
-                let out = engine.prepare(&claim(&uid), &[result(&device)]).unwrap();
-                assert_eq!(out.len(), 1);
-                let inst = node.instances();
-                assert_eq!(inst.len(), 1, "{device}");
-                let (_, gi, cis) = &inst[0];
-                assert_eq!((gi.profile_id, gi.start, gi.size, *cis), (p.id, start, p.memory_slices, 1), "{device}");
-                let status = &out[0].status;
-                assert_eq!(status.placement.unwrap().start, start);
-                assert_eq!(status.gpu_instance_id, Some(gi.id));
-                let mig_uuid = status.mig_uuid.clone().unwrap();
-                let ci = &node.sim.compute_instances(&node.uuid(0), gi.id).unwrap()[0];
-                assert_eq!(mig_uuid, ci.uuid);
-
-                let spec = engine_spec(&node, &uid);
-                let id = &out[0].cdi_ids[0];
-                let (kind, name) = id.split_once('=').unwrap();
-                assert_eq!(spec["kind"], kind);
-                let dev =
-                    spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
-                let env: Vec<&str> =
-                    dev["containerEdits"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()).collect();
-                assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}").as_str()));
-                let nodes: Vec<&str> = dev["containerEdits"]["deviceNodes"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|n| n["path"].as_str().unwrap())
-                    .collect();
-                let gpu_nodes: Vec<&&str> =
-                    nodes.iter().filter(|n| n.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).collect();
-                assert_eq!(gpu_nodes, [&format!("/dev/nvidia{minor}").as_str()], "only the parent GPU node");
-                assert_eq!(nodes.iter().filter(|n| n.starts_with("/dev/nvidia-caps/")).count(), 2);
-
-                engine.unprepare(&uid).unwrap();
-                assert!(node.instances().is_empty(), "{device}");
-                assert_eq!(node.cdi_files(), 0);
+                prepare_check_unprepare(&node, &engine, &format!("u-{}-{start}", p.id), model, p.id, start);
                 checked += 1;
             }
         }
@@ -197,6 +198,50 @@ fn every_profile_of_every_model_prepares_at_the_exact_placement_and_unprepares()
     }
     println!("prepared and unprepared {checked} profile × placement combinations");
     assert!(checked > 150);
+}
+
+/// GB200, B300 and GB300 on the simulator: every profile at its last placement, then
+/// mig-parted's `all-balanced` layout (2 × 1g, 2g, 3g) as one claim whose CDI spec names each
+/// instance, and nothing is left after unprepare.
+#[test]
+fn the_newest_blackwells_prepare_every_profile_and_mig_parteds_balanced_layout() {
+    for (key, [one, two, three]) in [
+        ("gb200-186gb", ["1g.23gb", "2g.47gb", "3g.93gb"]),
+        ("b300-269gb", ["1g.34gb", "2g.67gb", "3g.135gb"]),
+        ("gb300-278gb", ["1g.35gb", "2g.70gb", "3g.139gb"]),
+    ] {
+        let model = catalog::model(key).unwrap();
+        let node = Node::new(&format!("{key}:1"));
+        assert_eq!(node.sim.model(&node.uuid(0)).unwrap().key, key);
+        let engine = node.engine();
+        for p in &model.profiles {
+            let start = *p.placements.last().unwrap();
+            prepare_check_unprepare(&node, &engine, &format!("{key}-{}", p.id), model, p.id, start);
+        }
+
+        let id = |name: &str| model.profile_by_name(name).unwrap().id;
+        let minor = node.minor(0);
+        let layout = [(three, 4), (two, 0), (one, 2), (one, 3)];
+        let results: Vec<AllocationResult> =
+            layout.iter().map(|&(n, start)| result(&mig_name(minor, model, id(n), start))).collect();
+        let out = engine.prepare(&claim("balanced"), &results).unwrap();
+        let mut got: Vec<(u32, u32)> = node.instances().iter().map(|(_, gi, _)| (gi.profile_id, gi.start)).collect();
+        got.sort_unstable();
+        let mut want: Vec<(u32, u32)> = layout.iter().map(|&(n, start)| (id(n), start)).collect();
+        want.sort_unstable();
+        assert_eq!(got, want, "{key}");
+        let spec = engine_spec(&node, "balanced");
+        for o in &out {
+            let name = o.cdi_ids[0].split_once('=').unwrap().1;
+            let dev = spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
+            let visible = format!("NVIDIA_VISIBLE_DEVICES={}", o.status.mig_uuid.as_deref().unwrap());
+            assert!(dev["containerEdits"]["env"].as_array().unwrap().iter().any(|e| e == &visible), "{key}: {dev}");
+        }
+        engine.unprepare("balanced").unwrap();
+        assert!(node.instances().is_empty(), "{key}");
+        assert_eq!(node.cdi_files(), 0);
+        assert!(engine.checkpoint().unwrap().claims.is_empty());
+    }
 }
 
 fn engine_spec(node: &Node, uid: &str) -> serde_json::Value {
@@ -876,4 +921,209 @@ fn recovery_repairs_metadata_and_removes_stale_files() {
     assert_eq!(done.stale_metadata[0].outcome.action, "removed");
     assert!(!node.metadata_dir().join("ns_gone").exists());
     assert_eq!(std::fs::read(&file).unwrap(), written);
+}
+
+// === Admin access ===
+
+fn admin(device: &str) -> AllocationResult {
+    AllocationResult { request: "monitor".into(), admin_access: Some(true), ..result(device) }
+}
+
+/// (path, minor) of every device node in the spec device a CDI ID names, and its environment.
+fn spec_device(node: &Node, uid: &str, cdi_id: &str) -> (Vec<(String, Option<u64>)>, Vec<String>) {
+    let path = node.dir.path().join(format!("cdi/{DRIVER}-claim_{uid}.json"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let name = cdi_id.split_once('=').unwrap().1;
+    let dev = spec["devices"].as_array().unwrap().iter().find(|d| d["name"] == name).expect("CDI ID resolves");
+    let nodes = dev["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["path"].as_str().unwrap().to_string(), n["minor"].as_u64()))
+        .collect();
+    let env = dev["containerEdits"]["env"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().into()).collect();
+    (nodes, env)
+}
+
+/// The checkpoint's claims holding instances, and its admin-access claims.
+fn keys(cp: &migdra::state::Checkpoint) -> (Vec<&str>, Vec<&str>) {
+    (cp.claims.keys().map(String::as_str).collect(), cp.admin.keys().map(String::as_str).collect())
+}
+
+fn caps(nodes: &[(String, Option<u64>)]) -> BTreeSet<(String, Option<u64>)> {
+    nodes.iter().filter(|(p, _)| p.starts_with("/dev/nvidia-caps/")).cloned().collect()
+}
+
+/// A monitoring claim (`adminAccess: true`) sees the GPU and every instance on it, and creates,
+/// destroys and reserves nothing: its allocated partition stays free for a real claim, the
+/// checkpoint's claims do not include it, and its unprepare leaves every instance in place.
+#[test]
+fn admin_access_sees_every_instance_and_creates_destroys_and_reserves_nothing() {
+    let node = Node::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let (h100, a100) = (node.minor(0), node.minor(1));
+    let worker = engine.prepare(&claim("w"), &[result(&mig_name(h100, model, 9, 4))]).unwrap();
+    let worker_caps = caps(&spec_device(&node, "w", &worker[0].cdi_ids[0]).0);
+    let before = node.instances();
+
+    // Allocated a 1g.10gb partition that does not exist: nothing is made for it.
+    let watched = mig_name(h100, model, 19, 0);
+    let out = engine.prepare(&claim("m"), &[admin(&watched)]).unwrap();
+    assert_eq!(node.instances(), before, "no instance created or destroyed");
+    let (nodes, env) = spec_device(&node, "m", &out[0].cdi_ids[0]);
+    assert!(nodes.iter().any(|(p, _)| *p == format!("/dev/nvidia{h100}")), "{nodes:?}");
+    assert_eq!(caps(&nodes), worker_caps, "the existing instance's capability nodes");
+    assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", node.uuid(0))), "{env:?}");
+    assert!(env.contains(&"MIGDRA_ADMIN_ACCESS=true".to_string()), "{env:?}");
+    let status = &out[0].status;
+    assert!(status.admin_access && status.mig_uuid.is_none() && status.placement.is_none(), "{status:?}");
+    assert_eq!((status.slurm_shards, status.parent_uuid.as_str()), (0, node.uuid(0).as_str()));
+    let cp = engine.checkpoint().unwrap();
+    assert_eq!(keys(&cp), (vec!["w"], vec!["m"]));
+    assert_eq!(cp.mig_records().count(), 1, "the admin claim holds no partition");
+
+    // Not reserved: a real claim gets the same partition; the admin spec shows it from the next
+    // prepare on (the kubelet asks again when the monitoring pod's containers start).
+    engine.prepare(&claim("x"), &[result(&watched)]).unwrap();
+    assert_eq!(node.instances().len(), 2);
+    let again = engine.prepare(&claim("m"), &[admin(&watched)]).unwrap();
+    assert_eq!(caps(&spec_device(&node, "m", &again[0].cdi_ids[0]).0).len(), 4, "both instances, GI and CI each");
+
+    // A whole GPU, in use by another claim, and the whole-GPU name of a MIG GPU: both allowed.
+    engine.prepare(&claim("full"), &[result(&format!("gpu-{a100}"))]).unwrap();
+    let whole = engine.prepare(&claim("m2"), &[admin(&format!("gpu-{a100}")), admin(&format!("gpu-{h100}"))]).unwrap();
+    let (a100_nodes, _) = spec_device(&node, "m2", &whole[0].cdi_ids[0]);
+    assert!(caps(&a100_nodes).is_empty() && a100_nodes.iter().any(|(p, _)| *p == format!("/dev/nvidia{a100}")));
+    assert_eq!(caps(&spec_device(&node, "m2", &whole[1].cdi_ids[0]).0).len(), 4);
+
+    let files = node.cdi_files();
+    engine.unprepare("m").unwrap();
+    engine.unprepare("m2").unwrap();
+    assert_eq!(node.instances().len(), 2, "unprepare destroys nothing");
+    assert_eq!(node.cdi_files(), files - 2, "only the admin specs went");
+    assert!(engine.checkpoint().unwrap().admin.is_empty());
+    for uid in ["w", "x", "full"] {
+        engine.unprepare(uid).unwrap();
+    }
+    assert!(node.instances().is_empty() && node.cdi_files() == 0);
+}
+
+/// What migdra refuses of admin access, each in one line with nothing left behind. A claim the
+/// API server should have refused (no namespace label) is not among them: the label is the API
+/// server's to check, and migdra prepares what the allocation says.
+#[test]
+fn bad_admin_input_is_refused_in_one_line_and_leaves_nothing() {
+    let node = Node::new("h100-80gb:1");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    let m = node.minor(0);
+    let held = mig_name(m, model, 9, 0);
+    engine.prepare(&claim("w"), &[result(&held)]).unwrap();
+    let free = mig_name(m, model, 19, 4);
+    let cases: Vec<(&str, Vec<AllocationResult>, &str)> = vec![
+        (
+            "mixed",
+            vec![admin(&free), result(&mig_name(m, model, 19, 5))],
+            "put admin-access requests in a claim of their own",
+        ),
+        ("no-gpu", vec![admin("gpu-77")], "minor 77"),
+        ("malformed", vec![admin("gpu-0-mig-3g40gb")], "gpu-0-mig-3g40gb"),
+        ("w", vec![admin(&held)], "admin access"),
+    ];
+    let before = node.instances();
+    for (uid, results, needle) in cases {
+        let err = engine.prepare(&claim(uid), &results).expect_err(uid).to_string();
+        assert!(err.contains(needle) && !err.contains('\n'), "{uid}: {err}");
+        assert_eq!(node.instances(), before, "{uid}");
+        assert!(!engine.checkpoint().unwrap().admin.contains_key(uid), "{uid}");
+    }
+    assert_eq!(node.cdi_files(), 1, "the worker's spec alone");
+    engine.prepare(&claim("m"), &[admin(&free)]).unwrap();
+    let err = engine.prepare(&claim("m"), &[result(&free)]).unwrap_err();
+    assert!(matches!(err, PrepareError::AllocationChanged { .. }), "{err}");
+    assert_eq!(node.instances(), before);
+
+    // NVML failing while the instances are listed: refused, nothing written.
+    node.sim.add_fault(Fault::parse("list-ci=unknown:1").unwrap()).unwrap();
+    let err = engine.prepare(&claim("f"), &[admin(&free)]).unwrap_err().to_string();
+    assert!(err.contains("ns/claim-f") && err.contains("list compute instances"), "{err}");
+    assert!(!engine.checkpoint().unwrap().admin.contains_key("f"));
+    assert_eq!(node.cdi_files(), 2);
+}
+
+/// An admin claim in the checkpoint through a crash at each of its steps, a restart, a reboot
+/// and a lost checkpoint: recovery never counts it, never sweeps or keeps an instance for it,
+/// never touches the instances it watches, and the kubelet's retry converges.
+#[test]
+fn an_admin_claim_survives_crashes_reboots_and_a_lost_checkpoint() {
+    quiet_crashes();
+    let model = catalog::model("h100-80gb").unwrap();
+    for step in [Step::PrepareStarted, Step::CdiWritten, Step::PrepareCompleted, Step::CdiDeleted, Step::ClaimDropped] {
+        let node = Node::new("h100-80gb:1");
+        let m = node.minor(0);
+        node.engine().prepare(&claim("w"), &[result(&mig_name(m, model, 9, 4))]).unwrap();
+        let before = node.instances();
+        let watched = mig_name(m, model, 19, 0);
+        let crashing = node.engine().with_hook(Arc::new(move |s| {
+            if s == step {
+                panic!("crash at {}", s.name());
+            }
+        }));
+        let unprepare_phase = matches!(step, Step::CdiDeleted | Step::ClaimDropped);
+        if unprepare_phase {
+            crashing.prepare(&claim("m"), &[admin(&watched)]).unwrap_or_else(|_| panic!("{}", step.name()));
+        }
+        let crashed = catch_unwind(AssertUnwindSafe(|| {
+            if unprepare_phase {
+                let _ = crashing.unprepare("m");
+            } else {
+                let _ = crashing.prepare(&claim("m"), &[admin(&watched)]);
+            }
+        }));
+        assert!(crashed.is_err(), "{} reached", step.name());
+        drop(crashing);
+
+        let engine = node.engine();
+        let report = engine.recover().unwrap();
+        assert!(report.orphans.is_empty(), "{}: {:?}", step.name(), report.orphans);
+        assert_eq!(node.instances(), before, "{}", step.name());
+        let cp = engine.checkpoint().unwrap();
+        assert_eq!(cp.claims.keys().collect::<Vec<_>>(), ["w"], "{}", step.name());
+        if unprepare_phase {
+            engine.unprepare("m").unwrap();
+        } else {
+            engine.prepare(&claim("m"), &[admin(&watched)]).unwrap();
+            engine.unprepare("m").unwrap();
+        }
+        assert_eq!(node.instances(), before, "{}", step.name());
+        assert_eq!(node.cdi_files(), 1, "{}: the worker's spec alone", step.name());
+        assert!(engine.checkpoint().unwrap().admin.is_empty());
+    }
+
+    // A lost checkpoint is rebuilt with the admin claim apart, by its spec's marker.
+    let node = Node::new("h100-80gb:1");
+    let m = node.minor(0);
+    node.engine().prepare(&claim("w"), &[result(&mig_name(m, model, 9, 4))]).unwrap();
+    node.engine().prepare(&claim("m"), &[admin(&mig_name(m, model, 19, 0))]).unwrap();
+    std::fs::write(node.dir.path().join("state/checkpoint.json"), b"{}").unwrap();
+    let engine = node.engine();
+    let report = engine.recover().unwrap();
+    assert_eq!((report.checkpoint, report.rebuilt_claims.len()), ("corrupt", 2));
+    let cp = engine.checkpoint().unwrap();
+    assert_eq!(keys(&cp), (vec!["w"], vec!["m"]));
+    assert!(report.orphans.is_empty() && node.instances().len() == 1);
+
+    // A reboot: the worker is marked for re-creation, the admin claim is not; its spec is
+    // written again with what exists now (nothing).
+    node.sim.reboot().unwrap();
+    let engine = node.engine();
+    let report = engine.recover().unwrap();
+    assert_eq!(report.marked_for_recreate, ["w"]);
+    assert!(report.repaired_cdi_specs.iter().any(|(uid, _)| uid == "m"), "{report:?}");
+    let cp = engine.checkpoint().unwrap();
+    let id = &cp.admin["m"].devices[0].cdi_ids[0];
+    assert!(caps(&spec_device(&node, "m", id).0).is_empty());
+    engine.unprepare("m").unwrap();
+    assert!(node.instances().is_empty());
 }

@@ -311,3 +311,87 @@ fn slurm_device_names_sort_static_mig_instances_in_slurm_order() {
     let plain = bridge_inventory(&run("minor"), "mig", "slurmMigIndex");
     assert!(!misplaced(&plain).is_empty(), "the default names misplace instances: {plain:?}");
 }
+
+/// Every device in the slices.
+fn devices_of(items: &[ResourceSlice]) -> Vec<&k8s_openapi::api::resource::v1::Device> {
+    items.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect()
+}
+
+/// Unhealthy GPUs' devices carry the taint in every mode: a dynamic GPU's partitions and its
+/// instance, a whole GPU; an unhealthy GPU instance taints only its own device. The flag picks
+/// the effect, or `disabled` publishes none.
+#[test]
+fn unhealthy_gpus_are_tainted_with_the_effect_the_flag_picks() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = "h100-80gb:3,a100-40gb:1:mig-off";
+    let run = |args: &[&str]| on_node(dir.path(), spec, args);
+    let created = |gpu: &str, profile: &str, placement: &str| -> serde_json::Value {
+        let args = ["sim", "create", "--gpu", gpu, "--profile", profile, "--placement", placement, "-o", "json"];
+        serde_json::from_str(&run(&args)).unwrap()
+    };
+    created("0", "3g.40gb", "4");
+    created("1", "1g.10gb", "0");
+    let sick_instance = created("1", "3g.40gb", "4");
+    let gi_id = sick_instance["gpu_instance_id"].as_u64().unwrap();
+    let gi = gi_id.to_string();
+    run(&["sim", "health", "--gpu", "0", "--unhealthy"]);
+    run(&["sim", "health", "--gpu", "3", "--unhealthy"]);
+    run(&["sim", "health", "--gpu", "1", "--gi", &gi, "--unhealthy"]);
+    let layout: serde_json::Value = serde_json::from_str(&run(&["layout", "-o", "json"])).unwrap();
+    let minor = |i: usize| layout["gpus"][i]["minor"].as_u64().unwrap() as u32;
+    let sick_device = layout["gpus"][1]["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["gpu_instance_id"].as_u64() == Some(gi_id))
+        .unwrap()["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let slices_with = |effect: Option<&str>| {
+        let mut args = vec!["slices", "-o", "json", "--mig-mode-override", "1=static"];
+        if let Some(e) = effect {
+            args.extend(["--unhealthy-taint-effect", e]);
+        }
+        let items = slice_list(&run(&args));
+        assert_eq!(slices::validate(&items, Layout::Split), Vec::<String>::new());
+        items
+    };
+    for (flag, effect) in [(None, "NoSchedule"), (Some("NoExecute"), "NoExecute"), (Some("None"), "None")] {
+        let items = slices_with(flag);
+        let devices = devices_of(&items);
+        for d in &devices {
+            let on = DeviceName::parse(&d.name).unwrap().minor();
+            let want = if on == minor(0) || on == minor(3) {
+                Some(("mig.slinky.slurm.net/xid", Some("79")))
+            } else if d.name == sick_device {
+                Some(("mig.slinky.slurm.net/xid", Some("94")))
+            } else {
+                None
+            };
+            let got: Vec<(&str, Option<&str>, &str)> =
+                d.taints.iter().flatten().map(|t| (t.key.as_str(), t.value.as_deref(), t.effect.as_str())).collect();
+            match want {
+                Some((key, value)) => assert_eq!(got, [(key, value, effect)], "{}", d.name),
+                None => assert_eq!(got, [], "{}", d.name),
+            }
+        }
+        let tainted = devices.iter().filter(|d| d.taints.is_some()).count();
+        let sick_gpu0 = devices.iter().filter(|d| DeviceName::parse(&d.name).unwrap().minor() == minor(0)).count();
+        assert_eq!(tainted, sick_gpu0 + 2, "GPU 0's partitions, the whole A100 and one instance");
+        assert!(
+            devices.iter().any(|d| d.name.starts_with(&format!("gpu-{}-mig-3g40gb-9-4", minor(0)))
+                && d.attributes.as_ref().is_some_and(|a| a.contains_key("uuid"))
+                && d.taints.is_some()),
+            "the instance on the unhealthy dynamic GPU is tainted"
+        );
+    }
+    let off = slices_with(Some("disabled"));
+    assert!(devices_of(&off).iter().all(|d| d.taints.is_none()), "disabled publishes no taints");
+
+    run(&["sim", "health", "--gpu", "0"]);
+    run(&["sim", "health", "--gpu", "3"]);
+    run(&["sim", "health", "--gpu", "1", "--gi", &gi]);
+    assert!(devices_of(&slices_with(None)).iter().all(|d| d.taints.is_none()), "recovered: no taints");
+}

@@ -165,6 +165,38 @@ pub fn with_mount(mut device: CdiDevice, host_path: &std::path::Path, container_
     device
 }
 
+/// The container variable, set to `true`, that marks a spec device made for admin access (written
+/// into specs, never read from migdra's own environment): how a lost checkpoint rebuilt from the
+/// specs tells the claim apart, and how the monitoring container knows it sees the whole GPU.
+pub const ADMIN_VAR: &str = "MIGDRA_ADMIN_ACCESS";
+
+/// The capability minors of one existing MIG instance (GI and CI), as the admin spec exposes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceCaps {
+    pub gi_cap_minor: u32,
+    pub ci_cap_minor: u32,
+}
+
+/// The edits for admin access to a GPU (a monitoring pod): its node, the control nodes, and the
+/// GI and CI capability nodes of every instance that exists on it now, built as for
+/// [`mig_device`]. `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` name the GPU.
+pub fn admin_device(
+    name: String,
+    gpu_minor: u32,
+    gpu_uuid: &str,
+    instances: &[InstanceCaps],
+    caps_major: u32,
+) -> CdiDevice {
+    let mut d = gpu_device(name, gpu_minor, gpu_uuid);
+    for i in instances {
+        for minor in [i.gi_cap_minor, i.ci_cap_minor] {
+            d.device_nodes.push(DeviceNode::char_device(cap_path(minor), caps_major, minor, CAP_FILE_MODE));
+        }
+    }
+    d.env.push((ADMIN_VAR.to_string(), "true".to_string()));
+    d
+}
+
 /// `/dev/nvidia-caps/nvidia-cap<minor>`.
 pub fn cap_path(minor: u32) -> String {
     format!("/dev/nvidia-caps/nvidia-cap{minor}")
@@ -318,6 +350,32 @@ mod tests {
         assert_eq!(paths(&d), ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia7"]);
         assert_eq!(d.env[0], ("NVIDIA_VISIBLE_DEVICES".into(), "GPU-1".into()));
         assert_eq!(d.env[1], ("CUDA_VISIBLE_DEVICES".into(), "GPU-1".into()));
+    }
+
+    #[test]
+    fn an_admin_device_exposes_the_gpu_and_every_instance() {
+        let caps =
+            [InstanceCaps { gi_cap_minor: 12, ci_cap_minor: 13 }, InstanceCaps { gi_cap_minor: 30, ci_cap_minor: 31 }];
+        let d = admin_device("u-gpu-0-mig-1g10gb-19-0".into(), 0, "GPU-1", &caps, 508);
+        assert!(d.validate().is_ok());
+        assert_eq!(
+            paths(&d),
+            [
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap12",
+                "/dev/nvidia-caps/nvidia-cap13",
+                "/dev/nvidia-caps/nvidia-cap30",
+                "/dev/nvidia-caps/nvidia-cap31",
+            ]
+        );
+        assert!(d.device_nodes[4..].iter().all(|n| n.major == Some(508) && n.file_mode == Some(CAP_FILE_MODE)));
+        assert_eq!(d.env[0], ("NVIDIA_VISIBLE_DEVICES".into(), "GPU-1".into()));
+        assert_eq!(d.env.last().unwrap(), &(ADMIN_VAR.to_string(), "true".to_string()));
+        let bare = admin_device("u-gpu-1".into(), 1, "GPU-2", &[], 508);
+        assert_eq!(paths(&bare), paths(&gpu_device("u-gpu-1".into(), 1, "GPU-2")));
     }
 
     #[test]

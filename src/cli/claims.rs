@@ -8,7 +8,7 @@
 
 use super::{CliError, CliResult, Format, Global, backend, output};
 use crate::claims::{ClaimRef, ClaimSource, DirSource};
-use crate::state::ClaimRecord;
+use crate::state::{AdminRecord, ClaimRecord};
 use serde::Serialize;
 use std::io::Write;
 
@@ -46,7 +46,7 @@ struct ClaimView<'a> {
     last_error: Option<&'a str>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Default)]
 struct DeviceView<'a> {
     device: &'a str,
     gpu: &'a str,
@@ -121,7 +121,8 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
 fn list(global: &Global, out: &mut dyn Write) -> CliResult {
     let store = crate::state::CheckpointStore::new(&backend::state_dir(global));
     let cp = store.read().map_err(|e| CliError::Failed(e.to_string()))?;
-    let views: Vec<ClaimView> = cp.claims.values().map(view).collect();
+    // Admin-access claims last, in a state of their own: they hold a spec and no instance.
+    let views: Vec<ClaimView> = cp.claims.values().map(view).chain(cp.admin.values().map(admin_view)).collect();
     match global.output {
         Format::Json | Format::Yaml => output::data(out, global.output, &views)?,
         Format::Table => {
@@ -145,6 +146,22 @@ fn list(global: &Global, out: &mut dyn Write) -> CliResult {
         }
     }
     Ok(())
+}
+
+fn admin_view(c: &AdminRecord) -> ClaimView<'_> {
+    ClaimView {
+        uid: &c.uid,
+        namespace: &c.namespace,
+        name: &c.name,
+        state: "AdminAccess".into(),
+        devices: c
+            .devices
+            .iter()
+            .map(|d| DeviceView { device: &d.device, gpu: &d.gpu_uuid, ..Default::default() })
+            .collect(),
+        needs_recreate: false,
+        last_error: None,
+    }
 }
 
 fn view(c: &ClaimRecord) -> ClaimView<'_> {

@@ -112,9 +112,30 @@ pub struct NodeFlags {
     /// published whatever their profile. A name only some GPU models have applies where it exists
     #[arg(long, global = true, env = "MIGDRA_PROFILES", value_delimiter = ',', value_name = "PROFILE")]
     pub profiles: Vec<String>,
+    /// Device taint on every device of an unhealthy GPU (critical XID, GPU lost) while it stays
+    /// unhealthy: NoSchedule (no new claims get it), NoExecute (also evicts the pods using it),
+    /// None (shown, not enforced) or disabled (no taints). Needs DRADeviceTaints (Kubernetes 1.36+)
+    #[arg(
+        long,
+        global = true,
+        env = "MIGDRA_UNHEALTHY_TAINT_EFFECT",
+        default_value = "NoSchedule",
+        value_name = "EFFECT"
+    )]
+    pub unhealthy_taint_effect: String,
     /// kubeconfig for the API server [default: in-cluster, then ~/.kube/config]
     #[arg(long, global = true, env = "KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
+}
+
+impl NodeFlags {
+    /// `--unhealthy-taint-effect`, checked.
+    ///
+    /// # Errors
+    /// Not an effect nor `disabled`: bad input, naming the valid values.
+    pub fn taint_policy(&self) -> Result<crate::mig::taints::TaintPolicy, CliError> {
+        crate::mig::taints::TaintPolicy::parse(&self.unhealthy_taint_effect).map_err(CliError::Usage)
+    }
 }
 
 /// `--slice-layout` values.

@@ -90,6 +90,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
             "--metrics-addr {addr} is not a loopback address; use 127.0.0.1:PORT, or add --metrics-allow-remote to serve metrics to the network"
         )));
     }
+    let taints = global.node.taint_policy()?;
     let engine = Arc::new(backend::engine(global)?);
     for g in engine.gpus() {
         let slurm_index = g.slurm.index.map_or_else(|| "none".to_string(), |i| i.to_string());
@@ -159,7 +160,8 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
                 let p = Publisher::new(client, engine.clone(), layout)
                     .with_events(events)
-                    .with_device_order(global.node.device_order.into());
+                    .with_device_order(global.node.device_order.into())
+                    .with_taints(taints, args.health_interval);
                 let mut rx = stop_rx.clone();
                 publisher = Some(tokio::spawn(p.run(async move {
                     let _ = rx.wait_for(|s| *s).await;

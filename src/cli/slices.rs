@@ -59,6 +59,7 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
         )));
     }
     let layout = layout(global.node.slice_layout);
+    let taints = global.node.taint_policy()?;
     // The engine makes its state directory; a dry run creates nothing, and the GPUs, modes and
     // instances it reads do not depend on that directory.
     let mut dry = global.clone();
@@ -66,7 +67,8 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
         dry.node.state_dir = Some(std::env::temp_dir());
     }
     let engine = backend::engine(&dry)?;
-    let gpus = inventory::node_gpus_ordered(&engine, false, global.node.device_order.into())?;
+    let opts = inventory::PublishOptions { order: global.node.device_order.into(), taints };
+    let gpus = inventory::node_gpus_with(&engine, false, opts)?;
     let built = slices::build(driver, &node, args.node_uid.as_deref(), args.generation, layout, &gpus)
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let problems = slices::validate(&built, layout);

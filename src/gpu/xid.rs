@@ -17,6 +17,16 @@ pub const XID_FALLEN_OFF_BUS: u64 = 79;
 /// unhealthy GPU instance.
 pub const XID_CONTAINED_ECC: u64 = 94;
 
+/// How both backends word an XID as the reason a device is unhealthy (`XID 79`).
+pub fn reason(xid: u64) -> String {
+    format!("XID {xid}")
+}
+
+/// The XID in a reason [`reason`] wrote; `None` for any other reason (a lost GPU).
+pub fn from_reason(reason: &str) -> Option<u64> {
+    reason.strip_prefix("XID ")?.parse().ok()
+}
+
 /// Whether this XID marks its GPU (or the GPU instance it names) unhealthy.
 pub fn is_critical(xid: u64) -> bool {
     !APPLICATION_XIDS.contains(&xid)
@@ -34,5 +44,12 @@ mod tests {
         for x in [XID_FALLEN_OFF_BUS, XID_CONTAINED_ECC, 48, 62, 95, 0] {
             assert!(is_critical(x), "{x}");
         }
+    }
+
+    #[test]
+    fn a_reason_gives_back_its_xid_and_nothing_else_does() {
+        assert_eq!(from_reason(&reason(79)), Some(79));
+        assert_eq!(from_reason("NVML: GPU is lost"), None);
+        assert_eq!(from_reason("XID x"), None);
     }
 }

@@ -148,11 +148,11 @@ fn check(classes: &[Class]) -> Result<(), ClassError> {
 pub fn device_class(c: &Class) -> DeviceClass {
     DeviceClass {
         metadata: ObjectMeta { name: Some(c.name.clone()), ..ObjectMeta::default() },
-        spec: DeviceClassSpec {
+        spec: Some(DeviceClassSpec {
             selectors: Some(vec![DeviceSelector { cel: Some(CELDeviceSelector { expression: c.selector.clone() }) }]),
             extended_resource_name: c.extended_resource_name.clone(),
             ..DeviceClassSpec::default()
-        },
+        }),
     }
 }
 
@@ -227,8 +227,9 @@ mod tests {
             r#"device.driver == "mig.slinky.slurm.net" && device.attributes["mig.slinky.slurm.net"].type == "mig" && device.attributes["mig.slinky.slurm.net"].profile == "1g.10gb+me""#
         );
         let dc = device_class(&cs[2]);
-        assert_eq!(dc.spec.selectors.as_ref().map(Vec::len), Some(1), "exactly one selector");
-        assert_eq!(dc.spec.extended_resource_name.as_deref(), Some("nvidia.com/mig-1g.10gb"));
+        let spec = dc.spec.expect("a spec");
+        assert_eq!(spec.selectors.as_ref().map(Vec::len), Some(1), "exactly one selector");
+        assert_eq!(spec.extended_resource_name.as_deref(), Some("nvidia.com/mig-1g.10gb"));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::mig::allowlist::Allowlist;
 use crate::mig::counters;
 use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, dynamic_counters, gpu_devices};
 use crate::mig::naming::NameStyle;
+use crate::mig::taints::{self, Cause, GpuHealth, TaintPolicy};
 use crate::packing::policy::{self, DeviceOrder};
 use crate::prepare::{Engine, GpuEntry};
 
@@ -37,6 +38,48 @@ pub fn existing_instances(backend: &dyn GpuBackend, gpu: &GpuEntry) -> Result<Ve
     Ok(out)
 }
 
+/// How the node's GPUs are published: the device order, and the taints for unhealthy GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PublishOptions {
+    pub order: DeviceOrder,
+    pub taints: TaintPolicy,
+}
+
+/// What a backend's reason says, as a taint cause: an XID, or else a lost GPU (the only other
+/// reason either backend gives; NVML gives none for a GPU that stopped answering).
+fn cause(reason: Option<String>) -> Cause {
+    reason.as_deref().and_then(crate::gpu::xid::from_reason).map_or(Cause::Lost, Cause::Xid)
+}
+
+/// Each engine GPU's health, in engine order: the GPU's own (from `gpus()`, where a GPU that is
+/// no longer listed counts as lost) and each unhealthy GPU instance's.
+///
+/// # Errors
+/// NVML fails to list the GPUs.
+pub fn node_health(engine: &Engine) -> Result<Vec<GpuHealth>, GpuError> {
+    let backend = engine.backend();
+    let listed = backend.gpus()?;
+    Ok(engine
+        .gpus()
+        .iter()
+        .map(|g| {
+            let uuid = &g.info.uuid;
+            let healthy = listed.iter().find(|l| l.uuid == *uuid).is_some_and(|l| l.healthy);
+            let gpu = (!healthy).then(|| cause(backend.unhealthy_reason(uuid, None)));
+            let instances = if g.info.mig_enabled && gpu.is_none() {
+                let gis = backend.gpu_instances(uuid).unwrap_or_default();
+                gis.iter()
+                    .filter(|gi| !gi.healthy)
+                    .map(|gi| (gi.profile_id, gi.start, cause(backend.unhealthy_reason(uuid, Some(gi.id)))))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            GpuHealth { gpu, instances }
+        })
+        .collect())
+}
+
 /// One GPU's slice input: dynamic MIG GPUs carry their counter set and devices that consume it,
 /// in the device `order` (the scheduler takes the first that fits, so the order picks the
 /// placement); static MIG and MIG-off GPUs have devices only. `names` and `profiles`: see
@@ -60,26 +103,33 @@ pub fn gpu_slices(
     GpuSlices { minor, counter_set, devices }
 }
 
-/// Every GPU of the engine, in NVML index order, each GPU's devices in the default order.
-/// `whole_gpu`: also offer MIG-enabled GPUs whole (only where the operator lets migdra change
-/// the MIG mode; Hopper and newer).
+/// Every GPU of the engine, in NVML index order, each GPU's devices in the default order and
+/// unhealthy GPUs tainted `NoSchedule`. `whole_gpu`: also offer MIG-enabled GPUs whole (only
+/// where the operator lets migdra change the MIG mode; Hopper and newer).
 ///
 /// # Errors
-/// NVML fails to list a GPU's instances.
+/// NVML fails to list the GPUs or a GPU's instances.
 pub fn node_gpus(engine: &Engine, whole_gpu: bool) -> Result<Vec<GpuSlices>, GpuError> {
-    node_gpus_ordered(engine, whole_gpu, DeviceOrder::default())
+    node_gpus_with(engine, whole_gpu, PublishOptions::default())
 }
 
-/// [`node_gpus`] with each GPU's devices in `order`, named as the engine's options say.
+/// [`node_gpus`] with each GPU's devices in `opts.order`, named as the engine's options say, and
+/// tainted as `opts.taints` says.
 ///
 /// # Errors
-/// NVML fails to list a GPU's instances.
-pub fn node_gpus_ordered(engine: &Engine, whole_gpu: bool, order: DeviceOrder) -> Result<Vec<GpuSlices>, GpuError> {
+/// NVML fails to list the GPUs or a GPU's instances.
+pub fn node_gpus_with(engine: &Engine, whole_gpu: bool, opts: PublishOptions) -> Result<Vec<GpuSlices>, GpuError> {
     let backend = engine.backend();
+    let health = match opts.taints {
+        TaintPolicy::Off => Vec::new(),
+        TaintPolicy::Taint(_) => node_health(engine)?,
+    };
+    let (order, policy) = (opts.order, opts.taints);
     engine
         .gpus()
         .iter()
-        .map(|g| {
+        .enumerate()
+        .map(|(i, g)| {
             let existing = match existing_instances(backend.as_ref(), g) {
                 Ok(existing) => existing,
                 // Lost since start: keep the other GPUs published; health marks this one's devices.
@@ -90,7 +140,11 @@ pub fn node_gpus_ordered(engine: &Engine, whole_gpu: bool, order: DeviceOrder) -
                 Err(e) => return Err(e),
             };
             let opts = engine.options();
-            Ok(gpu_slices(g, &existing, whole_gpu, order, opts.device_names, &opts.profiles))
+            let mut gpu = gpu_slices(g, &existing, whole_gpu, order, opts.device_names, &opts.profiles);
+            if let Some(h) = health.get(i) {
+                taints::apply(&mut gpu.devices, h, &opts.driver, policy);
+            }
+            Ok(gpu)
         })
         .collect()
 }

@@ -9,16 +9,25 @@
 //!   allocated device is never dropped or changed (kubernetes#140802).
 //! - Our slices are watched: the kubelet deletes a node's slices when it starts, and people edit
 //!   them; any drift is repaired by publishing again. A full check also runs every resync period.
+//! - Unhealthy GPUs' devices carry a taint ([`crate::mig::taints`]). Health is polled every
+//!   health interval and a change publishes at once; a taint keeps the `timeAdded` the server
+//!   gave it for as long as it stays. An API server that drops taints (DRADeviceTaints off,
+//!   before 1.36 by default) gets the same taints again only after health changes, so a dropped
+//!   field never makes a rewrite loop.
 
-use super::inventory;
-use super::slices::{self, Layout};
+use super::inventory::{self, PublishOptions};
+use super::slices::{self, Layout, TaintSet};
+use crate::mig::taints::{GpuHealth, TaintPolicy};
 use crate::prepare::Engine;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,8 +63,12 @@ pub struct Publisher {
     choice: Option<Layout>,
     resync: Duration,
     events: Option<super::events::Recorder>,
-    /// The order of each GPU's devices (`--device-order`).
-    order: crate::packing::DeviceOrder,
+    /// The order of each GPU's devices (`--device-order`) and the taint policy.
+    opts: PublishOptions,
+    /// How often health is read for taints.
+    health_interval: Duration,
+    /// The taints the API server last dropped: not sent again until the wanted set differs.
+    dropped: Mutex<Option<TaintSet>>,
 }
 
 impl Publisher {
@@ -69,13 +82,23 @@ impl Publisher {
             choice,
             resync: Duration::from_secs(30),
             events: None,
-            order: crate::packing::DeviceOrder::default(),
+            opts: PublishOptions::default(),
+            health_interval: Duration::from_secs(1),
+            dropped: Mutex::new(None),
         }
     }
 
     /// Publish each GPU's devices in this order (a pure reorder: the same devices and counters).
     pub fn with_device_order(mut self, order: crate::packing::DeviceOrder) -> Self {
-        self.order = order;
+        self.opts.order = order;
+        self
+    }
+
+    /// Taint unhealthy GPUs' devices this way (default `NoSchedule`), reading health every
+    /// `interval`.
+    pub fn with_taints(mut self, policy: TaintPolicy, interval: Duration) -> Self {
+        self.opts.taints = policy;
+        self.health_interval = interval;
         self
     }
 
@@ -126,8 +149,8 @@ impl Publisher {
             .await
             .map_err(|source| PublishError::Api { op: "read the Node", source })?
             .and_then(|n| n.metadata.uid);
-        let (engine, order) = (self.engine.clone(), self.order);
-        let gpus = tokio::task::spawn_blocking(move || inventory::node_gpus_ordered(&engine, false, order))
+        let (engine, opts) = (self.engine.clone(), self.opts);
+        let gpus = tokio::task::spawn_blocking(move || inventory::node_gpus_with(&engine, false, opts))
             .await
             .map_err(|e| crate::gpu::GpuError::Invalid(e.to_string()))??;
         let (labels, fields) = self.selector();
@@ -138,7 +161,12 @@ impl Publisher {
             .map_err(|source| PublishError::Api { op: "list our ResourceSlices", source })?
             .items;
         let current_gen = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
-        let same_gen = slices::build(&self.driver, &self.node, node_uid.as_deref(), current_gen.max(1), layout, &gpus)?;
+        let build = |generation: i64| -> Result<Vec<ResourceSlice>, PublishError> {
+            let mut built = slices::build(&self.driver, &self.node, node_uid.as_deref(), generation, layout, &gpus)?;
+            self.settle_taints(&mut built, &existing);
+            Ok(built)
+        };
+        let same_gen = build(current_gen.max(1))?;
         let changed: Vec<&ResourceSlice> = same_gen
             .iter()
             .filter(|want| !existing.iter().any(|have| have.metadata.name == want.metadata.name && same(have, want)))
@@ -156,7 +184,7 @@ impl Publisher {
             same_gen
         } else {
             report.generation = current_gen + 1;
-            slices::build(&self.driver, &self.node, node_uid.as_deref(), current_gen + 1, layout, &gpus)?
+            build(current_gen + 1)?
         };
         let api = self.api();
         for want in &desired {
@@ -171,6 +199,7 @@ impl Publisher {
                         .await
                         .map_err(|source| PublishError::Api { op: "update a ResourceSlice", source })?;
                     warn_if_dropped(want, &written);
+                    self.note_dropped_taints(want, &written);
                     report.updated += 1;
                 }
                 None => {
@@ -179,6 +208,7 @@ impl Publisher {
                         .await
                         .map_err(|source| PublishError::Api { op: "create a ResourceSlice", source })?;
                     warn_if_dropped(want, &written);
+                    self.note_dropped_taints(want, &written);
                     report.created += 1;
                 }
             }
@@ -194,12 +224,68 @@ impl Publisher {
         Ok(report)
     }
 
+    /// Taints as they should be sent: each keeps the time it already has on the server, and
+    /// none at all while the server drops exactly these.
+    fn settle_taints(&self, built: &mut [ResourceSlice], existing: &[ResourceSlice]) {
+        let dropped = self.dropped.lock().unwrap_or_else(PoisonError::into_inner);
+        if dropped.as_ref().is_some_and(|d| *d == slices::taints_of(built)) {
+            slices::strip_taints(built);
+            return;
+        }
+        // Whole seconds, as the server stores a time: what it returns then equals what was sent.
+        let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
+        slices::keep_taint_times(built, existing, Time(now));
+    }
+
+    /// With DRADeviceTaints off the API server silently drops taints: remember what it dropped
+    /// (and say so once per change), so the next publish does not send them again.
+    fn note_dropped_taints(&self, want: &ResourceSlice, written: &ResourceSlice) {
+        let sent = slices::taints_of(std::slice::from_ref(want));
+        if sent.is_empty() || !slices::taints_of(std::slice::from_ref(written)).is_empty() {
+            return;
+        }
+        let mut dropped = self.dropped.lock().unwrap_or_else(PoisonError::into_inner);
+        let all = dropped.get_or_insert_with(BTreeSet::new);
+        if !sent.is_subset(all) {
+            tracing::error!(
+                slice = want.metadata.name.as_deref().unwrap_or(""),
+                "the API server dropped the device taints of unhealthy GPUs: the DRADeviceTaints feature gate is off (on by default from Kubernetes 1.36); the scheduler still sees those devices as usable"
+            );
+        }
+        all.extend(sent);
+    }
+
+    /// Each GPU's health when taints are on; `None` when they are off or it cannot be read.
+    async fn health(&self) -> Option<Vec<GpuHealth>> {
+        if self.opts.taints == TaintPolicy::Off {
+            return None;
+        }
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || inventory::node_health(&engine).ok()).await.ok().flatten()
+    }
+
+    /// Returns once health differs from `seen` (never while taints are off).
+    async fn health_change(&self, seen: &Option<Vec<GpuHealth>>) {
+        if self.opts.taints == TaintPolicy::Off {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(self.health_interval).await;
+            let now = self.health().await;
+            if now.is_some() && now != *seen {
+                return;
+            }
+        }
+    }
+
     /// Publish, then keep the slices as published until `shutdown`: repair on any watch event
-    /// that is not our own write, and at every resync; retry failures with backoff.
+    /// that is not our own write, at every resync, and when a GPU's health changes; retry
+    /// failures with backoff.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut wait = Duration::from_millis(200);
         loop {
+            let seen = self.health().await;
             let published = self.publish().await;
             crate::metrics::METRICS
                 .slice_publish(published.as_ref().ok().map(|p| p.created + p.updated + p.deleted > 0));
@@ -226,6 +312,10 @@ impl Publisher {
             tokio::select! {
                 () = &mut shutdown => return,
                 () = self.watch_for_drift() => {}
+                () = self.health_change(&seen) => {
+                    tracing::info!("GPU health changed: publishing the taints again");
+                    *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                }
             }
         }
     }

@@ -8,11 +8,11 @@
 //! stand-in that connected any other way once hid that the real kubelet could not register us.
 
 use super::authority::{Reframed, grpc_go_authority};
-use super::proto::health_v1alpha1::dra_resource_health_client::DraResourceHealthClient;
-use super::proto::health_v1alpha1::{NodeWatchResourcesRequest, NodeWatchResourcesResponse};
+use super::proto::health_v1::NodeWatchResourcesResponse;
 use super::proto::registration::registration_client::RegistrationClient;
 use super::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus};
 use super::proto::{dra_v1, dra_v1beta1};
+use super::proto::{health_v1, health_v1alpha1};
 use crate::claims::ClaimRef;
 use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};
@@ -196,14 +196,57 @@ impl TestKubelet {
         })
     }
 
-    /// Open the health stream.
+    /// Open the health stream as the 1.37 kubelet does: the newest version the plugin advertises;
+    /// with none advertised, v1alpha1, which is what kubelets up to 1.36 call regardless.
     ///
     /// # Errors
     /// The plugin does not serve health.
-    pub async fn watch_health(&self) -> Result<tonic::Streaming<NodeWatchResourcesResponse>, tonic::Status> {
-        Ok(DraResourceHealthClient::new(self.dra.clone())
-            .node_watch_resources(NodeWatchResourcesRequest {})
+    pub async fn watch_health(&self) -> Result<HealthStream, tonic::Status> {
+        let advertised = |v: &str| self.info.supported_versions.iter().any(|s| s == v);
+        if advertised(super::HEALTH_V1) {
+            let stream = health_v1::dra_resource_health_client::DraResourceHealthClient::new(self.dra.clone())
+                .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+                .await?
+                .into_inner();
+            return Ok(HealthStream::V1(stream));
+        }
+        let stream = health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(self.dra.clone())
+            .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
             .await?
-            .into_inner())
+            .into_inner();
+        Ok(HealthStream::V1alpha1(stream))
+    }
+}
+
+/// A health stream of either version, read as v1 (as the 1.37 kubelet reads v1alpha1).
+#[derive(Debug)]
+pub enum HealthStream {
+    V1(tonic::Streaming<NodeWatchResourcesResponse>),
+    V1alpha1(tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>),
+}
+
+impl HealthStream {
+    /// The version the stream speaks, as advertised in `supported_versions`.
+    pub fn version(&self) -> &'static str {
+        match self {
+            Self::V1(_) => super::HEALTH_V1,
+            Self::V1alpha1(_) => super::HEALTH_V1ALPHA1,
+        }
+    }
+
+    /// The next message; `None` when the plugin ended the stream.
+    ///
+    /// # Errors
+    /// The stream failed.
+    pub async fn message(&mut self) -> Result<Option<NodeWatchResourcesResponse>, tonic::Status> {
+        use prost::Message;
+        match self {
+            Self::V1(s) => s.message().await,
+            // The two versions are the same messages field for field, so the bytes of one are the other.
+            Self::V1alpha1(s) => Ok(s
+                .message()
+                .await?
+                .map(|m| NodeWatchResourcesResponse::decode(m.encode_to_vec().as_slice()).unwrap_or_default())),
+        }
     }
 }

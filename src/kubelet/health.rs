@@ -1,14 +1,11 @@
-//! `v1alpha1.DRAResourceHealth`: the health of every device we publish, streamed to the kubelet.
+//! `DRAResourceHealth` v1 and v1alpha1: the health of every device we publish, streamed to the
+//! kubelet.
 //!
 //! Each message carries the complete list (the kubelet marks devices it stops hearing about as
 //! Unknown). A MIG device inherits its parent GPU's health, and is unhealthy on its own when its
 //! instance is. The list is re-read from the backend every interval and sent when it changes, and
 //! at least every [`HEARTBEAT`] so timestamps stay fresh.
 
-use super::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealth;
-use super::proto::health_v1alpha1::{
-    DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
-};
 use crate::mig::devices::GpuMode;
 use crate::mig::naming::{DeviceName, NameStyle, PublishedName};
 use crate::prepare::Engine;
@@ -79,32 +76,57 @@ pub fn snapshot(engine: &Engine) -> Snapshot {
     out
 }
 
-fn message(pool: &str, snapshot: &Snapshot) -> NodeWatchResourcesResponse {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    NodeWatchResourcesResponse {
-        devices: snapshot
-            .iter()
-            .map(|(name, ok, why)| DeviceHealth {
-                device: Some(DeviceIdentifier { pool_name: pool.to_string(), device_name: name.clone() }),
-                health: if *ok { HealthStatus::Healthy } else { HealthStatus::Unhealthy } as i32,
-                last_updated_time: now,
-                health_check_timeout_seconds: 0,
-                message: why.chars().take(1024).collect(),
-            })
-            .collect(),
-    }
+/// The service of one health API version: both carry the same messages, in their own packages.
+macro_rules! health_version {
+    ($version:ident, $name:literal) => {
+        #[tonic::async_trait]
+        impl super::proto::$version::dra_resource_health_server::DraResourceHealth for HealthService {
+            type NodeWatchResourcesStream =
+                Pin<Box<dyn Stream<Item = Result<super::proto::$version::NodeWatchResourcesResponse, Status>> + Send>>;
+
+            async fn node_watch_resources(
+                &self,
+                _: Request<super::proto::$version::NodeWatchResourcesRequest>,
+            ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+                use super::proto::$version::{
+                    DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesResponse,
+                };
+                tracing::info!(version = $name, "health stream opened");
+                let message = |pool: &str, snapshot: &Snapshot| NodeWatchResourcesResponse {
+                    devices: snapshot
+                        .iter()
+                        .map(|(name, ok, why)| DeviceHealth {
+                            device: Some(DeviceIdentifier { pool_name: pool.to_string(), device_name: name.clone() }),
+                            health: if *ok { HealthStatus::Healthy } else { HealthStatus::Unhealthy } as i32,
+                            last_updated_time: unix_now(),
+                            health_check_timeout_seconds: 0,
+                            message: why.chars().take(MESSAGE_CHARS).collect(),
+                        })
+                        .collect(),
+                };
+                Ok(Response::new(Box::pin(self.watch(message))))
+            }
+        }
+    };
 }
 
-type HealthStream = Pin<Box<dyn Stream<Item = Result<NodeWatchResourcesResponse, Status>> + Send>>;
+health_version!(health_v1, "v1");
+health_version!(health_v1alpha1, "v1alpha1");
 
-#[tonic::async_trait]
-impl DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = HealthStream;
+/// The kubelet's limit on a health message.
+const MESSAGE_CHARS: usize = 1024;
 
-    async fn node_watch_resources(
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+impl HealthService {
+    /// Messages made by `message` from each new snapshot, and at least every [`HEARTBEAT`], until
+    /// the kubelet hangs up or the server stops.
+    fn watch<M: Send + 'static>(
         &self,
-        _: Request<NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        message: impl Fn(&str, &Snapshot) -> M + Send + 'static,
+    ) -> tokio_stream::wrappers::ReceiverStream<Result<M, Status>> {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let (engine, interval, mut stop) = (self.engine.clone(), self.interval, self.stop.clone());
         tokio::spawn(async move {
@@ -126,6 +148,6 @@ impl DraResourceHealth for HealthService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        tokio_stream::wrappers::ReceiverStream::new(rx)
     }
 }

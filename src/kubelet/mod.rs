@@ -17,7 +17,7 @@ mod sockets;
 
 pub use driver::{Driver, MAX_CLAIMS_PER_CALL};
 pub use health::snapshot as health_snapshot;
-pub use registration::{DRA_V1, DRA_V1BETA1, HEALTH_V1ALPHA1};
+pub use registration::{DRA_V1, DRA_V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1};
 pub use sockets::SocketPaths;
 
 use std::future::Future;
@@ -132,23 +132,30 @@ pub async fn serve(
     let dra_path = config.paths.dra.clone();
     let listener = sockets::bind(&dra_path).map_err(socket_err(&dra_path))?;
     let dra_ino = sockets::inode(&dra_path);
+    let health = health::HealthService {
+        engine: driver.engine().clone(),
+        interval: config.health_interval,
+        stop: serving_stopped.clone(),
+    };
     let health = config.health.then(|| {
-        proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health::HealthService {
-            engine: driver.engine().clone(),
-            interval: config.health_interval,
-            stop: serving_stopped.clone(),
-        })
+        let health = Arc::new(health);
+        (
+            proto::health_v1::dra_resource_health_server::DraResourceHealthServer::from_arc(health.clone()),
+            proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::from_arc(health),
+        )
     });
+    let (health_v1, health_v1alpha1) = health.unzip();
     let mut drain = serving_stopped;
     let dra_server = Server::builder()
         .add_service(proto::dra_v1::dra_plugin_server::DraPluginServer::new(dra::DraService(driver.clone())))
         .add_service(proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(dra::DraService(driver.clone())))
-        .add_optional_service(health)
+        .add_optional_service(health_v1)
+        .add_optional_service(health_v1alpha1)
         .serve_with_incoming_shutdown(incoming(listener), async move {
             let _ = drain.wait_for(|stopped| *stopped).await;
         });
     let mut dra_task = tokio::spawn(dra_server);
-    tracing::info!(socket = %dra_path.display(), "serving DRA v1, v1beta1{}", if config.health { " and health" } else { "" });
+    tracing::info!(socket = %dra_path.display(), "serving DRA v1, v1beta1{}", if config.health { " and health v1, v1alpha1" } else { "" });
 
     let mut registration = tokio::spawn(registration_loop(config.clone(), state.clone(), registration_stopped));
 

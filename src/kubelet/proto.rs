@@ -17,7 +17,12 @@ pub mod dra_v1beta1 {
     include!(concat!(env!("OUT_DIR"), "/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs"));
 }
 
-/// `v1alpha1.DRAResourceHealth`.
+/// `v1.DRAResourceHealth` (kubelet 1.37+).
+pub mod health_v1 {
+    include!(concat!(env!("OUT_DIR"), "/v1.rs"));
+}
+
+/// `v1alpha1.DRAResourceHealth` (kubelet 1.31-1.36; 1.37-1.39 still speak it).
 pub mod health_v1alpha1 {
     include!(concat!(env!("OUT_DIR"), "/v1alpha1.rs"));
 }

@@ -10,6 +10,9 @@ use tonic::{Request, Response, Status};
 /// the kubelet takes the first it knows.
 pub const DRA_V1: &str = "v1.DRAPlugin";
 pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";
+/// The 1.37 kubelet takes the first health service it knows from the list; older ones use v1alpha1
+/// whatever the list says.
+pub const HEALTH_V1: &str = "v1.DRAResourceHealth";
 pub const HEALTH_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
 
 pub struct RegistrationService {
@@ -24,7 +27,7 @@ impl Registration for RegistrationService {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
         let mut versions = vec![DRA_V1.to_string(), DRA_V1BETA1.to_string()];
         if self.health {
-            versions.push(HEALTH_V1ALPHA1.to_string());
+            versions.extend([HEALTH_V1.to_string(), HEALTH_V1ALPHA1.to_string()]);
         }
         Ok(Response::new(PluginInfo {
             r#type: "DRAPlugin".into(),

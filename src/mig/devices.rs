@@ -109,6 +109,9 @@ pub struct Device {
     /// The counter set this device draws from, and how much; `None` for devices that need no
     /// counters (MIG off, static instances).
     pub consumes: Option<(String, Counters)>,
+    /// Set while the GPU (or this instance) is unhealthy ([`super::taints::apply`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<super::taints::Taint>,
 }
 
 /// A MIG instance that already exists (static mode, or one migdra made).
@@ -179,6 +182,7 @@ pub fn full_gpu_device(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode, count
         attributes,
         capacity,
         consumes: counters.map(|c| (counters::counter_set_name(gpu.minor), c.whole_gpu())),
+        taints: Vec::new(),
     }
 }
 
@@ -225,6 +229,7 @@ pub fn mig_device(
         attributes,
         capacity,
         consumes: counters.map(|c| (counters::counter_set_name(gpu.minor), c.mig(profile, start))),
+        taints: Vec::new(),
     }
 }
 

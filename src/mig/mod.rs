@@ -11,3 +11,4 @@ pub mod naming;
 mod profile;
 pub mod proof;
 pub mod rules;
+pub mod taints;

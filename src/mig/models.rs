@@ -17,11 +17,15 @@ pub(super) fn all() -> Vec<GpuModel> {
         gh200_144gb(),
         h200_141gb(),
         b200_180gb(),
+        gb200_186gb(),
+        b300_269gb(),
+        gb300_278gb(),
         rtx_pro_6000(),
     ]
 }
 
-/// The lgipp placement lists shared by every 8-slot GPU (A100, H100, H200, GH200, B200).
+/// The lgipp placement lists shared by every 8-slot GPU (A100, H100, H200, GH200, B200 and the later
+/// Blackwells).
 const ALL7: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
 const EVEN4: &[u32] = &[0, 2, 4, 6];
 const EVEN3: &[u32] = &[0, 2, 4];
@@ -108,14 +112,14 @@ fn a100_80gb() -> GpuModel {
                  memory ~19.5 GiB (19968 MiB, = 2g.20gb) is a guess",
             ),
             gi("2g.20gb", 1, 14, 2, 2, 3, 19968, 28, [2, 1, 0, 0, 0], EVEN3),
-            gi("3g.40gb", 2, 9, 3, 4, 2, 40192, 42, [3, 2, 0, 0, 0], HALVES),
+            gi("3g.40gb", 2, 9, 3, 4, 2, 40448, 42, [3, 2, 0, 0, 0], HALVES),
             gi("4g.40gb", 3, 5, 4, 4, 1, 40448, 56, [4, 2, 0, 0, 0], WHOLE),
             gi("7g.80gb", 4, 0, 7, 8, 1, 81152, 98, [7, 5, 0, 1, 1], WHOLE),
         ],
         evidence: Evidence::Inferred,
-        note: "3g.40gb reads 39.50 or 39.25 GiB by driver; 39.25 taken as the newer (drivers shrank A100 \
-               memory in R525); whole-GPU memory 81920 MiB (nvidia-smi) and 108 SMs (A100 spec) are not in \
-               the facts"
+        note: "3g.40gb and 4g.40gb span the same 4 memory slices: both take 39.50 GiB, the only 4g.40gb \
+               reading and one of the two 3g.40gb readings (the other, 39.25, has no 4g.40gb beside it); \
+               whole-GPU memory 81920 MiB (nvidia-smi) and 108 SMs (A100 spec) are not in the facts"
             .into(),
     }
 }
@@ -345,6 +349,129 @@ fn b200_180gb() -> GpuModel {
     }
 }
 
+/// GB200 (docs/facts/mig-nvml.md §8): the B200's grid; 1g/2g rows real (mig-parted #227, drivers
+/// from August 2025), 3g/4g/7g never captured.
+fn gb200_186gb() -> GpuModel {
+    const PLACEMENTS: &str = "placements assumed to be H100's (no -lgipp seen)";
+    GpuModel {
+        key: "gb200-186gb".into(),
+        product_name: "NVIDIA GB200".into(),
+        nvml_names: vec![],
+        pci_device_ids: vec![0x2941],
+        architecture: "Blackwell".into(),
+        cuda_compute_capability: (10, 0),
+        memory_mib: 189471,
+        multiprocessors: 152,
+        memory_slices: 8,
+        compute_slices: 7,
+        profiles: vec![
+            gi("1g.23gb", 0, 19, 1, 1, 7, 22528, 18, [2, 1, 0, 1, 0], ALL7).marked(Evidence::Inferred, PLACEMENTS),
+            gi("1g.23gb+me", 7, 20, 1, 1, 1, 22528, 18, [2, 1, 0, 1, 1], ALL7).marked(Evidence::Inferred, PLACEMENTS),
+            gi("1g.47gb", 9, 15, 1, 2, 4, 46592, 32, [2, 1, 0, 1, 0], EVEN4).marked(Evidence::Inferred, PLACEMENTS),
+            gi("2g.47gb", 1, 14, 2, 2, 3, 46592, 38, [4, 2, 0, 2, 0], EVEN3).marked(Evidence::Inferred, PLACEMENTS),
+            gi("3g.93gb", 2, 9, 3, 4, 2, 93184, 68, [6, 3, 0, 3, 0], HALVES).marked(
+                Evidence::Unverified,
+                "row not captured: memory 91.00 GiB = 4/8 (2 x the observed 2/8 45.50 GiB); SM 68, engines and \
+                 placements taken from the B200's placeholder row",
+            ),
+            gi("4g.93gb", 3, 5, 4, 4, 1, 93184, 72, [8, 4, 0, 4, 0], WHOLE).marked(
+                Evidence::Unverified,
+                "row not captured: memory 91.00 GiB = 4/8 (2 x the observed 2/8 45.50 GiB); SM 72 = 4 x 18, \
+                 engines and placement taken from the B200's placeholder row",
+            ),
+            gi("7g.186gb", 4, 0, 7, 8, 1, 186368, 152, [16, 7, 0, 7, 1], WHOLE).marked(
+                Evidence::Unverified,
+                "row not captured: memory 182.00 GiB = 8/8 (4 x the observed 2/8 45.50 GiB), SM 152 = the whole \
+                 GPU (as on H100), engines taken from the B200's placeholder row",
+            ),
+        ],
+        evidence: Evidence::Inferred,
+        note: "placements assumed to be H100's; 3g/4g/7g rows are placeholders; whole-GPU memory 189471 MiB \
+               (nvidia-smi) and 152 SMs are from public runs, not from NVIDIA"
+            .into(),
+    }
+}
+
+/// B300 (docs/facts/mig-nvml.md §8): profile names and counts from mig-parted's default
+/// configuration only; every row is a placeholder on the B200's grid.
+fn b300_269gb() -> GpuModel {
+    blackwell_placeholder(
+        "b300-269gb",
+        "NVIDIA B300 SXM6 AC",
+        0x3182,
+        275040,
+        148,
+        ["1g.34gb", "1g.34gb+me", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb"],
+        [18, 30, 36, 68, 72],
+        "B200's",
+    )
+}
+
+/// GB300 (docs/facts/mig-nvml.md §8): as B300. Its 1g.35gb shares the name of an H200 profile, so
+/// the `mig-1g.35gb` DeviceClass selects both.
+fn gb300_278gb() -> GpuModel {
+    blackwell_placeholder(
+        "gb300-278gb",
+        "NVIDIA GB300",
+        0x31C2,
+        284208,
+        152,
+        ["1g.35gb", "1g.35gb+me", "1g.70gb", "2g.70gb", "3g.139gb", "4g.139gb", "7g.278gb"],
+        [18, 32, 38, 68, 72],
+        "GB200's",
+    )
+}
+
+/// A Blackwell GPU of the 8-slice grid known only by its profile names, every row UNVERIFIED: the
+/// rows of `like` (B200 or GB200) with these `names` and the SMs of 1g, 1g (2/8), 2g, 3g and 4g.
+/// Memory: 1/8 and 2/8 of the GPU's rounded down to 256 MiB, 4/8 and 8/8 as 2 and 4 x 2/8 (as on
+/// B200); these fit go-nvlib's names of the profiles.
+#[allow(clippy::too_many_arguments)] // one model's identity, side by side with the call above
+fn blackwell_placeholder(
+    key: &str,
+    product_name: &str,
+    pci_device_id: u16,
+    memory_mib: u64,
+    multiprocessors: u32,
+    names: [&str; 7],
+    [sm1, sm1q, sm2, sm3, sm4]: [u32; 5],
+    like: &str,
+) -> GpuModel {
+    let (eighth, quarter) = (memory_mib / 8 / 256 * 256, memory_mib / 4 / 256 * 256);
+    let note = format!(
+        "row not seen in any output: memory a placeholder (1/8 and 2/8 of the GPU rounded down to 256 MiB, \
+         4/8 and 8/8 as 2 and 4 x 2/8), SMs and engines the {like}, placements H100's"
+    );
+    let rows = [
+        gi(names[0], 0, 19, 1, 1, 7, eighth, sm1, [2, 1, 0, 1, 0], ALL7),
+        gi(names[1], 7, 20, 1, 1, 1, eighth, sm1, [2, 1, 0, 1, 1], ALL7),
+        gi(names[2], 9, 15, 1, 2, 4, quarter, sm1q, [2, 1, 0, 1, 0], EVEN4),
+        gi(names[3], 1, 14, 2, 2, 3, quarter, sm2, [4, 2, 0, 2, 0], EVEN3),
+        gi(names[4], 2, 9, 3, 4, 2, 2 * quarter, sm3, [6, 3, 0, 3, 0], HALVES),
+        gi(names[5], 3, 5, 4, 4, 1, 2 * quarter, sm4, [8, 4, 0, 4, 0], WHOLE),
+        gi(names[6], 4, 0, 7, 8, 1, 4 * quarter, multiprocessors, [16, 7, 0, 7, 1], WHOLE),
+    ];
+    GpuModel {
+        key: key.into(),
+        product_name: product_name.into(),
+        nvml_names: vec![],
+        pci_device_ids: vec![pci_device_id],
+        architecture: "Blackwell".into(),
+        cuda_compute_capability: (10, 3),
+        memory_mib,
+        multiprocessors,
+        memory_slices: 8,
+        compute_slices: 7,
+        profiles: rows.into_iter().map(|p| p.marked(Evidence::Unverified, &note)).collect(),
+        evidence: Evidence::Inferred,
+        note: format!(
+            "only the profile names and counts are NVIDIA's (mig-parted's default configuration); every row is \
+             a placeholder; whole-GPU memory {memory_mib} MiB (nvidia-smi), {multiprocessors} SMs and compute \
+             capability 10.3 are from public runs, not from NVIDIA"
+        ),
+    }
+}
+
 /// RTX PRO 6000 Blackwell, 96 GB (docs/facts/mig-nvml.md §1.9): real lgip + lgipp; grid 12, 4 compute slices.
 fn rtx_pro_6000() -> GpuModel {
     const IDX: &str = "NVML index follows nvml.h comments and go-nvlib suffix rules, not NVML output";
@@ -413,6 +540,9 @@ mod tests {
                 "gh200-144gb",
                 "h200-141gb",
                 "b200-180gb",
+                "gb200-186gb",
+                "b300-269gb",
+                "gb300-278gb",
                 "rtx-pro-6000"
             ]
         );
@@ -544,6 +674,10 @@ mod tests {
         assert_eq!(key(catalog::model_by_pci_device_id(0x20B0)).as_deref(), Some("a100-40gb"));
         assert_eq!(key(catalog::model_by_pci_device_id(0x2BB5)).as_deref(), Some("rtx-pro-6000"));
         assert_eq!(key(catalog::model_by_pci_device_id(0x2901)).as_deref(), Some("b200-180gb"));
+        assert_eq!(key(catalog::model_by_pci_device_id(0x2941)).as_deref(), Some("gb200-186gb"));
+        assert_eq!(key(catalog::model_by_pci_device_id(0x3182)).as_deref(), Some("b300-269gb"));
+        assert_eq!(key(catalog::model_by_pci_device_id(0x31C2)).as_deref(), Some("gb300-278gb"));
+        assert_eq!(key(catalog::model_by_nvml_name("NVIDIA B300 SXM6 AC")).as_deref(), Some("b300-269gb"));
         assert_eq!(key(catalog::model_by_pci_device_id(0x1234)), None);
         assert_eq!(key(catalog::model_by_nvml_name("NVIDIA A100-SXM4-40GB")).as_deref(), Some("a100-40gb"));
         assert_eq!(key(catalog::model_by_nvml_name(" nvidia h200 nvl ")).as_deref(), Some("h200-141gb"));
@@ -567,11 +701,62 @@ mod tests {
             ("b200-180gb", "3g.90gb"),
             ("b200-180gb", "4g.90gb"),
             ("b200-180gb", "7g.180gb"),
+            ("gb200-186gb", "3g.93gb"),
+            ("gb200-186gb", "4g.93gb"),
+            ("gb200-186gb", "7g.186gb"),
             ("gh200-144gb", "7g.144gb"),
             ("a100-80gb", "1g.20gb"),
         ] {
             assert_eq!(model(key).profile_by_name(name).unwrap().evidence, Evidence::Unverified, "{key} {name}");
         }
+    }
+
+    /// Nothing of B300 and GB300 was ever read from a GPU: every row stays a placeholder.
+    #[test]
+    fn b300_and_gb300_rows_are_all_unverified() {
+        for key in ["b300-269gb", "gb300-278gb"] {
+            for p in &model(key).profiles {
+                assert_eq!(p.evidence, Evidence::Unverified, "{key} {}", p.name);
+            }
+        }
+    }
+
+    /// The newest Blackwells have the profile names and the instance counts of mig-parted's
+    /// default configuration (docs/facts/mig-nvml.md §8) on the B200's grid.
+    #[test]
+    fn newest_blackwells_follow_mig_parted() {
+        for (key, names) in [
+            ("gb200-186gb", ["1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"]),
+            ("b300-269gb", ["1g.34gb", "1g.34gb+me", "1g.67gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb"]),
+            ("gb300-278gb", ["1g.35gb", "1g.35gb+me", "1g.70gb", "2g.70gb", "3g.139gb", "4g.139gb", "7g.278gb"]),
+        ] {
+            let m = model(key);
+            let got: Vec<(&str, u32)> = m.profiles.iter().map(|p| (p.name.as_str(), p.max_instances)).collect();
+            assert_eq!(got, names.into_iter().zip([7, 1, 4, 3, 2, 1, 1]).collect::<Vec<_>>(), "{key}");
+            let b200 = model("b200-180gb");
+            let shape = |m: &GpuModel| -> Vec<(u32, u32, u32, u32, String)> {
+                m.profiles
+                    .iter()
+                    .map(|p| (p.index, p.id, p.compute_slices, p.memory_slices, p.placements_text()))
+                    .collect()
+            };
+            assert_eq!(shape(m), shape(b200), "{key}: the B200's grid");
+            assert_eq!((m.memory_slices, m.compute_slices, m.architecture.as_str()), (8, 7, "Blackwell"));
+        }
+    }
+
+    /// Profiles spanning the same memory slices hold the same memory: every real reading shows it
+    /// (A100-80GB 3g.40gb and 4g.40gb both read 39.50 GiB).
+    #[test]
+    fn profiles_of_one_size_hold_the_same_memory() {
+        for m in catalog::models() {
+            for p in &m.profiles {
+                for q in m.profiles.iter().filter(|q| q.memory_slices == p.memory_slices) {
+                    assert_eq!(p.memory_mib, q.memory_mib, "{}: {} and {}", m.key, p.name, q.name);
+                }
+            }
+        }
+        assert_eq!(model("a100-80gb").profile_by_name("3g.40gb").unwrap().memory_mib, 40448);
     }
 
     /// Sums of what a set of instances holds: memory, SMs, CE, DEC, ENC, JPG, OFA.

@@ -36,6 +36,10 @@ pub struct DeviceStatusData {
     pub gpu_instance_id: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compute_instance_id: Option<u32>,
+    /// A device prepared for admin access (monitoring): it holds nothing, so `slurmShards` is 0
+    /// and there are no MIG fields; the bridge reserves nothing for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin_access: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,5 +65,12 @@ pub fn status_data(d: &DeviceRecord, slurm: &GpuSlurm) -> DeviceStatusData {
         placement: d.mig.as_ref().map(|m| Placement { start: m.start, size: m.size }),
         gpu_instance_id: d.mig.as_ref().and_then(|m| m.gi_id),
         compute_instance_id: d.mig.as_ref().and_then(|m| m.ci_id),
+        admin_access: false,
     }
+}
+
+/// Status data of a device prepared for admin access: the parent GPU, no shards.
+pub fn admin_status_data(d: &DeviceRecord, slurm: &GpuSlurm) -> DeviceStatusData {
+    let whole = DeviceRecord { mig: None, ..d.clone() };
+    DeviceStatusData { slurm_shards: 0, admin_access: true, ..status_data(&whole, slurm) }
 }

@@ -261,7 +261,7 @@ impl Engine {
         let (specs, _unreadable) = self.cdi.list().map_err(CleanupError::Cdi)?;
         let mut out: Vec<StaleSpec> = specs
             .into_iter()
-            .filter(|(uid, _)| !cp.claims.contains_key(uid))
+            .filter(|(uid, _)| !cp.holds(uid))
             .map(|(uid, _)| StaleSpec {
                 path: self.cdi.spec_path(&uid).map(|p| p.display().to_string()).unwrap_or_default(),
                 claim_uid: uid,
@@ -273,7 +273,7 @@ impl Engine {
             dry_run,
             &mut out,
             |s| &mut s.outcome,
-            |now, s| now.claims.contains_key(&s.claim_uid),
+            |now, s| now.holds(&s.claim_uid),
             |s| self.cdi.remove(&s.claim_uid),
         );
         Ok(out)

@@ -5,7 +5,9 @@
 
 use super::instances::{destroy_gi, holds};
 use super::plan::{self, PlannedDevice};
-use super::{Engine, PrepareError, PreparedDevice, Step, describe, describe_record, status_data};
+use super::{
+    DeviceStatusData, Engine, GpuEntry, PrepareError, PreparedDevice, Step, describe, describe_record, status_data,
+};
 use crate::cdi;
 use crate::claims::{AllocationResult, Claim, ClaimRef};
 use crate::gpu::{GpuError, GpuInstance};
@@ -46,6 +48,9 @@ impl Engine {
         pod_claim_name: Option<&str>,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let _claim = self.claims.lock(&claim.uid);
+        if plan::is_admin(claim, results, &self.opts.driver)? {
+            return self.prepare_admin(claim, results);
+        }
         let who = describe(claim);
         let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
         let names: Vec<&str> = planned.iter().map(|p| p.device.as_str()).collect();
@@ -165,6 +170,14 @@ impl Engine {
                 }
             }
         }
+        if let Some(admin) = cp.admin.get(&claim.uid) {
+            let was: Vec<&str> = admin.devices.iter().map(|d| d.device.as_str()).collect();
+            return Err(PrepareError::AllocationChanged {
+                claim: who.to_string(),
+                was: format!("{} (admin access)", was.join(", ")),
+                now: names.join(", "),
+            });
+        }
         let earlier = cp.claims.get(&claim.uid);
         if let Some(rec) = earlier {
             same_allocation(who, rec, names)?;
@@ -174,20 +187,13 @@ impl Engine {
             .map(|p| {
                 let before = earlier.and_then(|r| r.devices.iter().find(|d| d.device == p.device));
                 DeviceRecord {
-                    requests: p.requests.clone(),
-                    pool: self.opts.pool.clone(),
-                    device: p.device.clone(),
-                    gpu_uuid: p.gpu.info.uuid.clone(),
-                    pci_bus_id: p.gpu.info.pci_bus_id.clone(),
-                    gpu_minor: p.gpu.info.minor,
-                    gpu_index: p.gpu.info.index,
                     mig: p.mig.as_ref().map(|m| {
                         let intent =
                             MigRecord::intent(m.owner, m.profile.id, &m.profile.name, m.start, m.profile.memory_slices);
                         // Keep what an earlier attempt made, if it was for the same partition.
                         before.and_then(|b| b.mig.clone()).filter(|k| k.forgotten() == intent).unwrap_or(intent)
                     }),
-                    cdi_ids: Vec::new(),
+                    ..self.device_record(&p.requests, &p.device, p.gpu)
                 }
             })
             .collect();
@@ -203,6 +209,21 @@ impl Engine {
         };
         cp.claims.insert(claim.uid.clone(), record.clone());
         Ok(record)
+    }
+
+    /// A device of this node's `gpu` as the checkpoint records it, before anything is made for it.
+    pub(super) fn device_record(&self, requests: &[String], device: &str, gpu: &GpuEntry) -> DeviceRecord {
+        DeviceRecord {
+            requests: requests.to_vec(),
+            pool: self.opts.pool.clone(),
+            device: device.to_string(),
+            gpu_uuid: gpu.info.uuid.clone(),
+            pci_bus_id: gpu.info.pci_bus_id.clone(),
+            gpu_minor: gpu.info.minor,
+            gpu_index: gpu.info.index,
+            mig: None,
+            cdi_ids: Vec::new(),
+        }
     }
 
     /// Create (or adopt) every device, write the CDI spec, complete the claim.
@@ -476,7 +497,16 @@ impl Engine {
     }
 
     pub(super) fn prepared(&self, rec: &ClaimRecord) -> Vec<PreparedDevice> {
-        rec.devices
+        self.prepared_with(&rec.devices, status_data)
+    }
+
+    /// The kubelet's answer for recorded devices, with the status data `data` makes of each.
+    pub(super) fn prepared_with(
+        &self,
+        devices: &[DeviceRecord],
+        data: fn(&DeviceRecord, &GpuSlurm) -> DeviceStatusData,
+    ) -> Vec<PreparedDevice> {
+        devices
             .iter()
             .map(|d| {
                 let unknown = GpuSlurm {
@@ -492,7 +522,7 @@ impl Engine {
                     pool: d.pool.clone(),
                     device: d.device.clone(),
                     cdi_ids: d.cdi_ids.clone(),
-                    status: status_data(d, slurm),
+                    status: data(d, slurm),
                 }
             })
             .collect()

@@ -28,11 +28,12 @@
 //! Concurrency: each GPU has its own lock ([`locks`]), so claims on different GPUs run in
 //! parallel; the checkpoint is a locked read-modify-write shared by every plugin process.
 //!
-//! Files: `create` (prepare and its rollback), `release` (unprepare), `instances` (the MIG helpers
+//! Files: `create` (prepare and its rollback), `admin` (admin access: a spec, no instance), `release` (unprepare), `instances` (the MIG helpers
 //! prepare, unprepare, recovery and cleanup share), `step` (the points tests stop at), `error`,
 //! `plan` (an allocation checked against the node), `recovery`, `cleanup`, `locks`, `bridge_data` (what slurm-bridge reads per device),
 //! `metadata` (each claim's device metadata files, KEP-5304).
 
+mod admin;
 mod bridge_data;
 mod cleanup;
 mod create;
@@ -45,7 +46,7 @@ mod recovery;
 mod release;
 mod step;
 
-pub use bridge_data::{DeviceStatusData, Placement, status_data};
+pub use bridge_data::{DeviceStatusData, Placement, admin_status_data, status_data};
 pub use cleanup::{BrokenSpec, CleanupError, CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
 pub use error::PrepareError;
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};

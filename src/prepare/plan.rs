@@ -32,6 +32,61 @@ pub struct PlannedMig {
     pub start: u32,
 }
 
+/// A device allocated for admin access: a GPU of this node to see whole, nothing to create.
+#[derive(Debug, Clone)]
+pub struct AdminDevice<'a> {
+    pub requests: Vec<String>,
+    pub device: String,
+    pub gpu: &'a GpuEntry,
+}
+
+/// Whether the claim's results of our driver are for admin access (`adminAccess: true`). The
+/// API server admits such a claim only in a namespace labelled for it; migdra takes the
+/// allocation as it is and does not look at the namespace.
+///
+/// # Errors
+/// Some results are for admin access and some not: one prepare cannot both create instances and
+/// only watch them, so the claim is refused as a whole.
+pub fn is_admin(claim: &ClaimRef, results: &[AllocationResult], driver: &str) -> Result<bool, PrepareError> {
+    let ours = || results.iter().filter(|r| r.driver == driver);
+    let admin = |r: &&AllocationResult| r.admin_access == Some(true);
+    match (ours().any(|r| admin(&r)), ours().find(|r| !admin(r))) {
+        (true, Some(plain)) => Err(PrepareError::bad(
+            claim,
+            &plain.device,
+            format!(
+                "request {:?} is not for admin access but others of the claim are; put admin-access requests in a claim of their own",
+                plain.request
+            ),
+        )),
+        (admin, _) => Ok(admin),
+    }
+}
+
+/// Resolve every admin-access result of our driver to its GPU: the name must decode and name a
+/// GPU of this node, in any mode; the partition it names is neither checked nor made.
+///
+/// # Errors
+/// As [`plan`], for names and pools.
+pub fn plan_admin<'a>(
+    claim: &ClaimRef,
+    results: &[AllocationResult],
+    driver: &str,
+    pool: &str,
+    gpus: &'a [GpuEntry],
+) -> Result<Vec<AdminDevice<'a>>, PrepareError> {
+    let mut planned: Vec<AdminDevice<'a>> = Vec::new();
+    for r in ours(claim, results, driver, pool)? {
+        if let Some(p) = planned.iter_mut().find(|p| p.device == r.device) {
+            p.requests.push(r.request.clone());
+            continue;
+        }
+        let (_, gpu) = gpu_of(claim, r, gpus)?;
+        planned.push(AdminDevice { requests: vec![r.request.clone()], device: r.device.clone(), gpu });
+    }
+    Ok(planned)
+}
+
 /// Resolve every result of our driver; results of other drivers belong to other plugins.
 ///
 /// # Errors
@@ -43,6 +98,24 @@ pub fn plan<'a>(
     pool: &str,
     gpus: &'a [GpuEntry],
 ) -> Result<Vec<PlannedDevice<'a>>, PrepareError> {
+    let mut planned: Vec<PlannedDevice<'a>> = Vec::new();
+    for r in ours(claim, results, driver, pool)? {
+        if let Some(p) = planned.iter_mut().find(|p| p.device == r.device) {
+            p.requests.push(r.request.clone());
+            continue;
+        }
+        planned.push(resolve(claim, r, gpus)?);
+    }
+    Ok(planned)
+}
+
+/// The results of our driver, each checked to be in this node's pool.
+fn ours<'r>(
+    claim: &ClaimRef,
+    results: &'r [AllocationResult],
+    driver: &str,
+    pool: &str,
+) -> Result<Vec<&'r AllocationResult>, PrepareError> {
     let ours: Vec<&AllocationResult> = results.iter().filter(|r| r.driver == driver).collect();
     if ours.is_empty() {
         let mut drivers: Vec<&str> = results.iter().map(|r| r.driver.as_str()).collect();
@@ -54,22 +127,30 @@ pub fn plan<'a>(
             format!("no device of driver {driver} is allocated (drivers: {seen})"),
         ));
     }
-    let mut planned: Vec<PlannedDevice<'a>> = Vec::new();
-    for r in ours {
-        if r.pool != pool {
-            return Err(PrepareError::bad(
-                claim,
-                &r.device,
-                format!("it is in pool {:?}, but this node's pool is {pool:?}", r.pool),
-            ));
-        }
-        if let Some(p) = planned.iter_mut().find(|p| p.device == r.device) {
-            p.requests.push(r.request.clone());
-            continue;
-        }
-        planned.push(resolve(claim, r, gpus)?);
+    if let Some(r) = ours.iter().find(|r| r.pool != pool) {
+        return Err(PrepareError::bad(
+            claim,
+            &r.device,
+            format!("it is in pool {:?}, but this node's pool is {pool:?}", r.pool),
+        ));
     }
-    Ok(planned)
+    Ok(ours)
+}
+
+/// The device's published name and the GPU of this node it is on.
+fn gpu_of<'a>(
+    claim: &ClaimRef,
+    r: &AllocationResult,
+    gpus: &'a [GpuEntry],
+) -> Result<(PublishedName, &'a GpuEntry), PrepareError> {
+    let bad = |reason: String| PrepareError::bad(claim, &r.device, reason);
+    let published = PublishedName::parse(&r.device).map_err(|e| bad(e.reason.to_string()))?;
+    let minor = published.device.minor();
+    let gpu = gpus.iter().find(|g| g.info.minor == minor).ok_or_else(|| {
+        let minors: Vec<String> = gpus.iter().map(|g| g.info.minor.to_string()).collect();
+        bad(format!("no GPU with minor {minor} on this node (minors: {})", minors.join(", ")))
+    })?;
+    Ok((published, gpu))
 }
 
 fn resolve<'a>(
@@ -78,13 +159,9 @@ fn resolve<'a>(
     gpus: &'a [GpuEntry],
 ) -> Result<PlannedDevice<'a>, PrepareError> {
     let bad = |reason: String| PrepareError::bad(claim, &r.device, reason);
-    let published = PublishedName::parse(&r.device).map_err(|e| bad(e.reason.to_string()))?;
-    let name = published.device;
-    let gpu = gpus.iter().find(|g| g.info.minor == name.minor()).ok_or_else(|| {
-        let minors: Vec<String> = gpus.iter().map(|g| g.info.minor.to_string()).collect();
-        bad(format!("no GPU with minor {} on this node (minors: {})", name.minor(), minors.join(", ")))
-    })?;
-    let mig = match &name {
+    let (published, gpu) = gpu_of(claim, r, gpus)?;
+    let name = &published.device;
+    let mig = match name {
         DeviceName::Gpu { .. } => {
             if gpu.mode != GpuMode::Full {
                 return Err(bad(format!(

@@ -13,6 +13,8 @@
 //! - A claim caught mid-prepare has only its intent in the checkpoint: its instances, if any, are
 //!   found by profile and placement, left alone by the orphan sweep, and adopted by the kubelet's
 //!   retry or destroyed by its unprepare.
+//! - Admin-access claims hold no instance: their specs are written again with the instances
+//!   there are now, and a rebuilt checkpoint knows them by their spec's `MIGDRA_ADMIN_ACCESS`.
 //! - MIG instances on dynamic GPUs that no claim explains are destroyed, kept or reported
 //!   (`--orphans`); instances on static GPUs are never touched.
 
@@ -22,7 +24,7 @@ use crate::cdi;
 use crate::gpu::NvmlCode;
 use crate::mig::devices::GpuMode;
 use crate::mig::naming::DeviceName;
-use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, Loaded, MigOwner, MigRecord};
+use crate::state::{AdminRecord, Checkpoint, ClaimRecord, ClaimState, DeviceRecord, Loaded, MigOwner, MigRecord};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -103,7 +105,7 @@ impl Engine {
                 report.checkpoint = "corrupt";
                 report.corrupt = Some((moved_to, reason));
                 let cp = self.rebuild();
-                report.rebuilt_claims = cp.claims.keys().cloned().collect();
+                report.rebuilt_claims = cp.claims.keys().chain(cp.admin.keys()).cloned().collect();
                 cp
             }
         };
@@ -131,7 +133,7 @@ impl Engine {
                 .into_iter()
                 .map(|(uid, _)| uid)
                 .chain(unreadable.iter().filter_map(|(p, _)| self.cdi.claim_of(p)));
-            for uid in uids.filter(|uid| !cp.claims.contains_key(uid)) {
+            for uid in uids.filter(|uid| !cp.holds(uid)) {
                 if self.cdi.remove(&uid).is_ok() {
                     report.stale_cdi_specs_removed.push(uid);
                 }
@@ -146,6 +148,14 @@ impl Engine {
                 Err(e) => report.failed_spec_repairs.push((c.uid.clone(), e.to_string())),
             }
         }
+        // After a reboot too: the spec then lists the instances there are now.
+        for a in cp.admin.values() {
+            match self.repair_admin_spec(a) {
+                Ok(cdi::SpecState::Intact) => {}
+                Ok(state) => report.repaired_cdi_specs.push((a.uid.clone(), state.as_str())),
+                Err(e) => report.failed_spec_repairs.push((a.uid.clone(), e.to_string())),
+            }
+        }
         report.orphans = self.sweep_orphans()?;
         Ok(report)
     }
@@ -157,6 +167,7 @@ impl Engine {
         let mut cp = Checkpoint { boot_id: self.boot_id.clone(), ..Default::default() };
         let Ok((specs, _)) = self.cdi.list() else { return cp };
         for (uid, spec) in specs {
+            let admin = spec.devices.iter().any(|d| d.env(cdi::ADMIN_VAR) == Some("true"));
             let mut devices = Vec::new();
             let mut complete = true;
             for d in &spec.devices {
@@ -164,6 +175,7 @@ impl Engine {
                 let Ok(decoded) = DeviceName::parse(name) else { continue };
                 let Some(gpu) = self.gpus.iter().find(|g| g.info.minor == decoded.minor()) else { continue };
                 let mig = match decoded {
+                    _ if admin => None,
                     DeviceName::Gpu { .. } => None,
                     DeviceName::Mig { profile_id, start, .. } => {
                         let uuid = d.env("NVIDIA_VISIBLE_DEVICES").unwrap_or_default();
@@ -185,6 +197,11 @@ impl Engine {
                 });
             }
             if devices.is_empty() {
+                continue;
+            }
+            if admin {
+                let (namespace, name) = (String::new(), String::new());
+                cp.admin.insert(uid.clone(), AdminRecord { uid, namespace, name, devices });
                 continue;
             }
             let record = ClaimRecord {

@@ -21,7 +21,11 @@ impl Engine {
     pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
         let _claim = self.claims.lock(uid);
         let ckpt = |source| PrepareError::Checkpoint { claim: uid.to_string(), source };
-        let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(uid).cloned() else {
+        let cp = self.store.read().map_err(ckpt)?;
+        if let Some(admin) = cp.admin.get(uid) {
+            return self.unprepare_admin(admin);
+        }
+        let Some(rec) = cp.claims.get(uid).cloned() else {
             return Ok(());
         };
         let who = describe_record(&rec);

@@ -20,7 +20,7 @@ pub mod record;
 pub mod store;
 
 pub use format::CURRENT_VERSION;
-pub use record::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord};
+pub use record::{AdminRecord, Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord};
 pub use store::{CheckpointStore, Loaded};
 
 use std::io;

@@ -153,6 +153,23 @@ pub struct ClaimRecord {
     pub last_error: Option<String>,
 }
 
+/// A claim prepared for admin access (`adminAccess: true`, a monitoring pod): it holds a CDI
+/// spec and nothing on the hardware, so it lives apart from [`ClaimRecord`]s. Whatever counts,
+/// reserves or sweeps instances reads [`Checkpoint::claims`] and never sees it.
+///
+/// A migdra without this field ignores it, removes the claim's spec as stale at its recovery and
+/// drops the record on its next write: the monitoring pod loses its spec, no instance is touched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminRecord {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The allocated devices, as named; `mig` is always `None`: admin access holds no partition,
+    /// it sees the parent GPU and whatever instances exist on it.
+    pub devices: Vec<DeviceRecord>,
+}
+
 /// The whole checkpoint: the boot it was written in, and every claim by UID.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -161,17 +178,25 @@ pub struct Checkpoint {
     pub boot_id: String,
     /// Claims by UID.
     pub claims: BTreeMap<String, ClaimRecord>,
+    /// Admin-access claims by UID; a UID is in one map or the other, never both.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub admin: BTreeMap<String, AdminRecord>,
 }
 
 impl Checkpoint {
     /// An empty checkpoint stamped with `boot_id`.
     pub fn new(boot_id: impl Into<String>) -> Self {
-        Checkpoint { boot_id: boot_id.into(), claims: BTreeMap::new() }
+        Checkpoint { boot_id: boot_id.into(), claims: BTreeMap::new(), admin: BTreeMap::new() }
     }
 
-    /// Whether it holds no claims.
+    /// Whether it holds no claims, admin ones included.
     pub fn is_empty(&self) -> bool {
-        self.claims.is_empty()
+        self.claims.is_empty() && self.admin.is_empty()
+    }
+
+    /// Whether the claim is held, for its instances or for admin access: its spec is no orphan.
+    pub fn holds(&self, uid: &str) -> bool {
+        self.claims.contains_key(uid) || self.admin.contains_key(uid)
     }
 
     /// Every MIG record of every claim, with its claim and device.
@@ -253,5 +278,21 @@ pub(crate) mod tests {
         let back: Checkpoint = serde_json::from_str(&text).unwrap();
         assert_eq!(back, cp);
         assert_eq!(cp.mig_records().count(), 1);
+    }
+
+    #[test]
+    fn admin_claims_are_optional_and_apart() {
+        let old = r#"{"bootId":"b","claims":{}}"#;
+        let cp: Checkpoint = serde_json::from_str(old).unwrap();
+        assert!(cp.admin.is_empty() && cp.is_empty());
+        let mut cp = Checkpoint::new("b");
+        let mut devices = sample_claim("a").devices;
+        devices.iter_mut().for_each(|d| d.mig = None);
+        cp.admin.insert("a".into(), AdminRecord { uid: "a".into(), namespace: "m".into(), name: "x".into(), devices });
+        let text = serde_json::to_string(&cp).unwrap();
+        assert!(text.contains(r#""admin":{"a":"#), "{text}");
+        assert_eq!(serde_json::from_str::<Checkpoint>(&text).unwrap(), cp);
+        assert!(cp.holds("a") && !cp.holds("b") && !cp.is_empty());
+        assert_eq!(cp.mig_records().count(), 0, "admin access holds no partition");
     }
 }

@@ -36,6 +36,13 @@ pub struct Versions {
     pub bin_dir: PathBuf,
 }
 
+impl Versions {
+    /// The API server's minor version, e.g. 37 for v1.37.2 (0 if unknown).
+    pub fn minor(&self) -> u32 {
+        self.apiserver.split('.').nth(1).and_then(|m| m.parse().ok()).unwrap_or(0)
+    }
+}
+
 impl std::fmt::Display for Versions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -105,25 +112,54 @@ fn cache_dir() -> PathBuf {
     )
 }
 
-/// The 1.34 kube-apiserver built by `hack/build-controlplane.sh hack/controlplane-1.34
-/// kube-apiserver`: `$MIGDRA_CONTROLPLANE_134_BIN`, else the cache; or a panic that says how to
-/// build it.
-pub fn apiserver_134_dir() -> PathBuf {
-    let help = "build it first: `bash hack/build-controlplane.sh hack/controlplane-1.34 kube-apiserver` (or `bash hack/test.sh`)";
-    if let Some(d) = std::env::var_os("MIGDRA_CONTROLPLANE_134_BIN") {
-        return PathBuf::from(d);
+/// A Kubernetes release of the test matrix: the module dir `hack/build-controlplane.sh` builds
+/// it from and the variable that may name its bin directory.
+#[derive(Debug, Clone, Copy)]
+pub struct Release {
+    pub minor: u32,
+    pub env: &'static str,
+    pub module: &'static str,
+}
+
+pub const K137: Release = Release { minor: 37, env: "MIGDRA_CONTROLPLANE_137_BIN", module: "hack/controlplane-1.37" };
+pub const K136: Release = Release { minor: 36, env: "MIGDRA_CONTROLPLANE_136_BIN", module: "hack/controlplane" };
+pub const K134: Release = Release { minor: 34, env: "MIGDRA_CONTROLPLANE_134_BIN", module: "hack/controlplane-1.34" };
+
+/// The bin directory of `release` holding `binaries`: `$<release.env>`, else the newest patch in
+/// the cache; or a panic that says how to build it.
+pub fn release_dir(release: Release, binaries: &[&str]) -> PathBuf {
+    let help = format!(
+        "build it first: `bash hack/build-controlplane.sh {}` (cached; it prints the bin directory as its last \
+         line), then export {}=<that directory>, or run `bash hack/test.sh`, which does both",
+        release.module, release.env
+    );
+    let dir = match std::env::var_os(release.env) {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let cache = cache_dir();
+            std::fs::read_dir(&cache)
+                .ok()
+                .and_then(|entries| {
+                    entries
+                        .flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("controlplane-"))
+                        .map(|e| e.path().join("bin"))
+                        .filter(|bin| kube_version(bin).0 == release.minor)
+                        .filter(|bin| binaries.iter().all(|b| bin.join(b).is_file()))
+                        .max_by_key(|bin| kube_version(bin))
+                })
+                .unwrap_or_else(|| panic!("no Kubernetes 1.{} under {}: {help}", release.minor, cache.display()))
+        }
+    };
+    for b in binaries {
+        assert!(dir.join(b).is_file(), "{} is missing: {help}", dir.join(b).display());
     }
-    let cache = cache_dir();
-    std::fs::read_dir(&cache)
-        .ok()
-        .and_then(|entries| {
-            entries
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("controlplane-v1.34"))
-                .map(|e| e.path().join("bin"))
-                .find(|bin| bin.join("kube-apiserver").is_file())
-        })
-        .unwrap_or_else(|| panic!("no 1.34 kube-apiserver under {}: {help}", cache.display()))
+    dir
+}
+
+/// The 1.34 kube-apiserver (see [`release_dir`]).
+pub fn apiserver_134_dir() -> PathBuf {
+    release_dir(K134, &["kube-apiserver"])
 }
 
 /// `(minor, patch)` of `…/controlplane-v1.<minor>.<patch>-…/bin`, so the newest Kubernetes wins.
@@ -219,6 +255,11 @@ impl ControlPlane {
     /// controller, not the scheduler, would set the pace of a benchmark.
     pub async fn start_in(bin: PathBuf, qps: u32) -> Self {
         Self::start_from(bin, None, Some(qps)).await
+    }
+
+    /// [`Self::start`] with the control plane of `release`.
+    pub async fn start_release(release: Release) -> Self {
+        Self::start_from(release_dir(release, &BINARIES), None, None).await
     }
 
     /// Only etcd and the kube-apiserver found in `apiserver_dir` (another Kubernetes version);

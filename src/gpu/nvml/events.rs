@@ -55,8 +55,8 @@ impl HealthBook {
         }
         let mut book = self.lock();
         match gi {
-            Some(gi) => book.instances.insert((uuid.to_string(), gi), format!("XID {xid}")).is_none(),
-            None => book.gpus.insert(uuid.to_string(), format!("XID {xid}")).is_none(),
+            Some(gi) => book.instances.insert((uuid.to_string(), gi), xid::reason(xid)).is_none(),
+            None => book.gpus.insert(uuid.to_string(), xid::reason(xid)).is_none(),
         }
     }
 

@@ -421,6 +421,6 @@ impl GpuBackend for SimBackend {
         let st = self.state().ok()?;
         let index = st.gpus[st.resolve(gpu).ok()?].index;
         let x = st.xids.iter().rev().find(|x| x.gpu == index && x.gi == gi && xid::is_critical(x.xid))?;
-        Some(format!("XID {}", x.xid))
+        Some(xid::reason(x.xid))
     }
 }

@@ -5,7 +5,7 @@
 use super::{
     COMBINED_MAX_CONSUMED_COUNTERS, COMBINED_MAX_SHARED_COUNTERS, Layout, MAX_ATTRIBUTE_VALUE_LEN,
     MAX_CONSUMPTIONS_PER_DEVICE, MAX_COUNTER_SETS, MAX_COUNTERS_PER_CONSUMPTION, MAX_COUNTERS_PER_SET, MAX_DEVICES,
-    MAX_DRIVER_LEN,
+    MAX_DRIVER_LEN, MAX_TAINTS_PER_DEVICE,
 };
 use crate::mig::devices;
 use crate::names::{MAX_SUBDOMAIN_LEN, is_dns_label, is_dns_subdomain, qualified_name_problem};
@@ -81,6 +81,13 @@ fn check_device(at: &str, d: &api::Device, layout: Layout, problems: &mut Vec<St
         if let Some(why) = qualified_name_problem(k) {
             problems.push(format!("{at}: capacity {k:?}: {why}"));
         }
+    }
+    let taints = d.taints.as_deref().unwrap_or_default();
+    if taints.len() > MAX_TAINTS_PER_DEVICE {
+        problems.push(format!("{at}: {} taints, more than {MAX_TAINTS_PER_DEVICE}", taints.len()));
+    }
+    for t in taints.iter().filter(|t| !["None", "NoSchedule", "NoExecute"].contains(&t.effect.as_str())) {
+        problems.push(format!("{at}: taint {:?}: effect {:?} is not None, NoSchedule or NoExecute", t.key, t.effect));
     }
     let consumes = d.consumes_counters.as_deref().unwrap_or_default();
     if layout == Layout::Split && consumes.len() > MAX_CONSUMPTIONS_PER_DEVICE {
