@@ -26,7 +26,8 @@
 //	{"cmd":"exit"}
 //
 // The code shared by every Kubernetes version is this file; compat.go beside it holds the calls
-// whose signatures differ between versions (hack/kubelet-1.34 links this file and has its own).
+// whose signatures differ between versions (hack/kubelet-1.34 and hack/kubelet-1.37 link this file
+// and have their own).
 package main
 
 import (
