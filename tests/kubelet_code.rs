@@ -913,3 +913,69 @@ async fn kubelet_137_device_metadata_reaches_the_container() {
     println!("  unprepare removed both claims' metadata directories");
     drop(serve);
 }
+
+/// Admin access through the kubelet code and the CDI library: a monitoring claim
+/// (`adminAccess: true`) on the GPU of a prepared partition is prepared without touching any
+/// instance, and the container gets the GPU and the capability nodes of the existing instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_137_admin_access_sees_the_gpu_and_its_instances() {
+    let _serial = SERIAL.lock().await;
+    let mut env = Env::start(KUBELET_137).await;
+    println!("11. admin access in the container's OCI spec");
+    let mut kubelet = env.kubelet("kubelet-state");
+    let serve = env.serve(None).await;
+    register(&env, &mut kubelet, &serve, 0, "migdra serve").await;
+    env.pool(Duration::from_secs(60)).await;
+    env.create_pod("p-worker", Some("mig-1g-10gb"), None).await;
+    env.bound("p-worker").await;
+    let (device, _) = env.prepared(&mut kubelet, "p-worker").await;
+    let data =
+        env.device_status(env.pod_claim("p-worker").await.metadata.name.as_deref().unwrap()).await["data"].clone();
+    let parent = data["parentMinor"].as_u64().unwrap() as u32;
+    let (gi, ci) = (data["gpuInstanceId"].as_u64().unwrap() as u32, data["computeInstanceId"].as_u64().unwrap() as u32);
+
+    // The API server admits adminAccess only in a labelled namespace.
+    let label = json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}});
+    Api::<Namespace>::all(env.client.clone()).patch(NS, &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "monitor", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig", "adminAccess": true}}]}}
+    }))
+    .unwrap();
+    env.claims().create(&PostParams::default(), &claim).await.unwrap();
+    let pod = env.create_pod("p-monitor", None, Some("monitor")).await;
+    // Another partition of the same GPU, as the scheduler would pick a free one.
+    let watched = format!("gpu-{parent}-mig-3g40gb-9-{}", if device.ends_with("-0") { 4 } else { 0 });
+    let status = json!({"status": {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": watched, "adminAccess": true}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+        },
+        "reservedFor": [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}]
+    }});
+    env.claims().patch_status("monitor", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+
+    let before = env.instances();
+    let answer = kubelet.prepare(NS, "p-monitor").await;
+    assert_eq!(answer["ok"], true, "prepare p-monitor: {answer}\n{}", env.diagnostics());
+    assert_eq!(env.instances(), before, "admin access creates and destroys nothing");
+    let c = &answer["containers"][0];
+    assert!(c.get("error").is_none() && c.get("cdi_errors").is_none(), "container side: {c}");
+    let nodes: BTreeSet<String> =
+        c["device_nodes"].as_array().unwrap().iter().map(|n| n["path"].as_str().unwrap().to_string()).collect();
+    let (gi_cap, ci_cap) = capability_minors(parent, gi, ci);
+    for want in [
+        format!("/dev/nvidia{parent}"),
+        format!("/dev/nvidia-caps/nvidia-cap{gi_cap}"),
+        format!("/dev/nvidia-caps/nvidia-cap{ci_cap}"),
+    ] {
+        assert!(nodes.contains(&want), "{want} missing from the injected spec: {nodes:?}");
+    }
+    println!("  p-monitor: {watched} with admin access → the CDI library injected {nodes:?}; instances unchanged");
+
+    let a = kubelet.unprepare(NS, "p-monitor").await;
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(env.instances(), before, "unprepare of the admin claim leaves the worker's instance");
+    println!("  unprepared p-monitor: {device} still there");
+    drop(serve);
+}
