@@ -231,6 +231,41 @@ async fn v1_and_v1beta1_prepare_and_unprepare() {
     }
 }
 
+/// `--host-root`: a prepare whose spec names a host device node that is missing fails in one
+/// line naming it (the kubelet's answer, where `kubectl describe pod` shows it), not at
+/// container creation as containerd's `failed to stat CDI host device`; it leaves nothing on the
+/// node. Once the nodes exist the kubelet's retry prepares it. Making them needs mknod (root).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_host_device_node_fails_the_prepare_in_one_line() {
+    let host = tempfile::tempdir().unwrap();
+    let node = sim_node().host_root(host.path());
+    let m = node.minors();
+    let a = uid(1);
+    let dev = format!("gpu-{}-mig-3g40gb-9-4", m[0]);
+    node.write_claim(&a, &dev);
+    let daemon = node.serve().ready().await;
+    let kubelet = daemon.register().await;
+
+    let err = error_of(&kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap(), &a);
+    println!("prepare: {err}");
+    let ctl = host.path().join("dev/nvidiactl");
+    assert!(
+        err.ends_with(&format!("{} does not exist: is the NVIDIA driver loaded on this node?", ctl.display())),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert_eq!(node.instances(), []);
+    assert_eq!(node.checkpoint(), Vec::<Value>::new());
+    assert_eq!(node.cdi_specs(), 0);
+
+    if !support::node::make_device_nodes(host.path(), &m) {
+        println!("SKIPPED the present-nodes half: mknod refused (not root)");
+        return;
+    }
+    assert_device(&ok_devices(&kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap(), &a), &a, &dev);
+    assert_eq!(node.placements(), [(m[0], 9, 4, 1)]);
+}
+
 /// The kubelet ignores a whole response that lacks a claim it asked for, so each distinct UID
 /// gets exactly one entry: a good claim succeeds next to a claim the source does not know, bad
 /// device names, an empty UID and a missing name, each of which fails alone and leaves nothing

@@ -712,6 +712,45 @@ fn static_mig_uses_the_administrators_instance_and_never_destroys_it() {
     assert!(!node.metadata_file("claim-s", "gpu").exists());
 }
 
+/// A spec names `/dev/nvidiactl`, the unified-memory nodes and `/dev/nvidia<minor>` by path, and
+/// the container runtime stats each one when it creates the container, long after the prepare
+/// answered. With a host root, a missing node fails the prepare instead, in one line naming it;
+/// a MIG prepare (checked after its instance is made), a whole GPU and admin access all leave
+/// nothing: no instance, no checkpoint entry, no spec, no metadata file.
+#[test]
+fn a_missing_host_device_node_fails_the_prepare_and_leaves_nothing() {
+    let node = Node::new("h100-80gb:1,a100-40gb:1:mig-off");
+    let host = tempfile::tempdir().unwrap();
+    let mut opts = node.options();
+    opts.host_root = Some(host.path().to_path_buf());
+    let engine = node.engine_with(opts);
+    let model = catalog::model("h100-80gb").unwrap();
+    let mig = result(&mig_name(node.minor(0), model, 9, 4));
+    let whole = result(&format!("gpu-{}", node.minor(1)));
+    let admin = AllocationResult { admin_access: Some(true), ..result(&format!("gpu-{}", node.minor(0))) };
+    let ctl = host.path().join("dev/nvidiactl");
+    for (what, allocated) in [("MIG", mig), ("whole GPU", whole), ("admin access", admin)] {
+        let err = engine.prepare(&claim("h"), &[allocated]).unwrap_err();
+        assert!(matches!(err, PrepareError::HostNode { .. }), "{what}: {err}");
+        assert_eq!(err.reason(), "host-node");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "claim ns/claim-h (h): {} does not exist: is the NVIDIA driver loaded on this node?",
+                ctl.display()
+            ),
+            "{what}"
+        );
+        assert!(node.instances().is_empty(), "{what}: the instance was destroyed");
+        assert_eq!(node.cdi_files(), 0, "{what}: no spec");
+        let cp = engine.checkpoint().unwrap();
+        assert!(cp.claims.is_empty() && cp.admin.is_empty(), "{what}: {cp:?}");
+        assert!(std::fs::read_dir(node.metadata_dir()).map_or(true, |mut d| d.next().is_none()), "{what}: metadata");
+    }
+    // Without a host root (the simulator's default) nothing is checked.
+    node.engine().prepare(&claim("h"), &[result(&mig_name(node.minor(0), model, 9, 4))]).unwrap();
+}
+
 #[test]
 fn a_second_plugin_process_sees_the_first_ones_claims() {
     let node = Node::new("h100-80gb:1");

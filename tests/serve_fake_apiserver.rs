@@ -320,6 +320,10 @@ async fn publishing_problems_are_reported_on_the_node() {
         .await;
     assert_eq!(event["reason"], "PublishFailed");
     assert_eq!(event["involvedObject"]["name"], NODE);
+    // It names the server tried, and the server's own words.
+    let message = event["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with(&format!("publishing ResourceSlices to {} failed: ", api.url())), "{message}");
+    assert!(message.ends_with("injected fault: 500 (InternalError, HTTP 500)"), "{message}");
     api.clear_faults();
     published(&api, Duration::from_secs(40)).await;
 }

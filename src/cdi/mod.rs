@@ -13,7 +13,11 @@
 //!
 //! The first device of each request also bind-mounts that request's device metadata file
 //! ([`metadata`], KEP-5304) read-only at its well-known container path.
+//!
+//! The host nodes a spec names by path must exist before it is written ([`host`]): the runtime
+//! fails the container otherwise, long after the prepare reported success.
 
+pub mod host;
 pub mod metadata;
 mod spec;
 mod writer;

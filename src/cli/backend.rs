@@ -1,6 +1,6 @@
 //! Which GPUs a command talks to: the simulator (`--sim`, `--sim-state`) or NVML.
 
-use super::{CliError, Global, MigModeFlag};
+use super::{CliError, Global, HostRoot, MigModeFlag};
 use crate::gpu::GpuBackend;
 use crate::gpu::nvml::{NvmlBackend, NvmlOptions};
 use crate::gpu::procfs::Procfs;
@@ -33,7 +33,7 @@ pub fn open(global: &Global) -> Result<Box<dyn GpuBackend>, CliError> {
 
 /// The backend, with NVML's XID events watched when `events` (the daemon's health stream).
 fn open_with_events(global: &Global, events: bool) -> Result<Box<dyn GpuBackend>, CliError> {
-    if global.sim.is_none() && global.sim_state.is_none() {
+    if !simulated(global) {
         let opts = NvmlOptions {
             lib_path: global.nvml_lib.clone(),
             procfs: Procfs::new(&global.procfs_root),
@@ -42,6 +42,22 @@ fn open_with_events(global: &Global, events: bool) -> Result<Box<dyn GpuBackend>
         return Ok(Box::new(NvmlBackend::open(&opts)?));
     }
     Ok(Box::new(open_sim(global)?))
+}
+
+/// Whether the GPUs are the simulator's (`--sim`, `--sim-state`) rather than NVML's.
+fn simulated(global: &Global) -> bool {
+    global.sim.is_some() || global.sim_state.is_some()
+}
+
+/// Where prepare looks for the host device nodes (`--host-root`): given, or `/` on NVML. The
+/// simulator's GPUs have no nodes (the demo runs on a laptop), so it checks only when told where.
+fn host_root(global: &Global) -> Option<std::path::PathBuf> {
+    match &global.host_root {
+        Some(HostRoot::Dir(dir)) => Some(dir.clone()),
+        Some(HostRoot::Unchecked) => None,
+        None if simulated(global) => None,
+        None => Some("/".into()),
+    }
 }
 
 /// The plugin directory: `--plugin-dir`, or the kubelet's default for this driver.
@@ -101,6 +117,7 @@ pub fn engine_with_events(global: &Global, events: bool) -> Result<Engine, CliEr
     opts.orphans = global.node.orphans;
     opts.device_names = global.node.device_names.into();
     opts.profiles = crate::mig::allowlist::Allowlist::new(&global.node.profiles);
+    opts.host_root = host_root(global);
     opts.slurm = global.slurm.settings(&node_name(global))?;
     for o in &global.node.mig_mode_override {
         let (gpu, m) = o.split_once('=').ok_or_else(|| {

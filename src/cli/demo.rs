@@ -150,6 +150,8 @@ fn day(args: &Args, dir: &Path, out: &mut dyn Write) -> CliResult {
         .arg("--claims-dir")
         .arg(dir.join("claims"))
         .args(["--node-name", NODE, "--grace", "5s"])
+        // Simulated GPUs, also behind the fake NVML, have no device nodes to check.
+        .args(["--host-root", "none"])
         .env_remove("POD_UID")
         .env_remove("MIGDRA_SIM_FAULTS")
         .stdout(Stdio::null())

@@ -49,6 +49,12 @@ pub struct Global {
     /// Where the NVIDIA driver's procfs files are read (capability minors, /proc/devices, boot ID)
     #[arg(long, global = true, env = "MIGDRA_PROCFS_ROOT", value_name = "DIR", default_value = "/proc")]
     pub procfs_root: std::path::PathBuf,
+    /// The host's root as migdra sees it: a prepare checks that the device nodes the claim's CDI
+    /// spec names by path (DIR/dev/nvidiactl, DIR/dev/nvidia<minor>, …) are character devices
+    /// there, as the container runtime needs them, and fails naming a missing one; `none` skips
+    /// the check [default: / with NVML; with --sim or --sim-state, no check]
+    #[arg(long, global = true, env = "MIGDRA_HOST_ROOT", value_name = "DIR|none", value_parser = parse_host_root)]
+    pub host_root: Option<HostRoot>,
     /// Output format
     #[arg(short = 'o', long, global = true, env = "MIGDRA_OUTPUT", value_enum, default_value_t)]
     pub output: Format,
@@ -135,6 +141,24 @@ impl NodeFlags {
     /// Not an effect nor `disabled`: bad input, naming the valid values.
     pub fn taint_policy(&self) -> Result<crate::mig::taints::TaintPolicy, CliError> {
         crate::mig::taints::TaintPolicy::parse(&self.unhealthy_taint_effect).map_err(CliError::Usage)
+    }
+}
+
+/// `--host-root` values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostRoot {
+    /// Look the nodes up under this directory.
+    Dir(std::path::PathBuf),
+    /// `none`: do not look.
+    Unchecked,
+}
+
+/// `none`, or an absolute directory.
+fn parse_host_root(s: &str) -> Result<HostRoot, String> {
+    match s.trim() {
+        "none" => Ok(HostRoot::Unchecked),
+        dir if dir.starts_with('/') => Ok(HostRoot::Dir(dir.into())),
+        _ => Err(format!("{s:?}: expected an absolute directory (the host's root as migdra sees it, e.g. /) or none")),
     }
 }
 
@@ -225,7 +249,8 @@ pub enum Command {
     /// The kubelet plugin daemon
     Serve(serve::Args),
     /// Ask a running serve what the kubelet would (GetInfo, then an empty NodePrepareResources);
-    /// exit 0 only if both answer in time. The DaemonSet's probes
+    /// exit 0 only if both answer in time, and with --ready only if it publishes its
+    /// ResourceSlices too. The DaemonSet's probes
     Probe(probe::Args),
     /// A day on a simulated node: the real daemon, driven over its sockets like a kubelet
     Demo(demo::Args),

@@ -2,8 +2,15 @@
 //! the kubelet would: GetInfo on the registration socket, then a NodePrepareResources with no
 //! claims on the endpoint GetInfo names, dialled the way the kubelet dials each socket. A socket
 //! file alone proves nothing: a hung or dead daemon leaves its sockets behind.
+//!
+//! `--ready` (the readiness probe) also requires that the daemon's last publication of
+//! ResourceSlices succeeded, as its publish status file says ([`crate::kube::publish_status`]):
+//! a pod that cannot reach the API server serves the kubelet, but the scheduler never sees its
+//! node's devices. Liveness stays the kubelet's check alone, so an API server outage does not
+//! restart every migdra pod.
 
 use super::{CliError, CliResult, Global, backend};
+use crate::kube::publish_status::{self, PublishStatus};
 use crate::kubelet::SocketPaths;
 use crate::kubelet::client::{self, Version};
 use crate::kubelet::proto::registration::InfoRequest;
@@ -20,15 +27,18 @@ pub struct Args {
     /// probe's timeoutSeconds
     #[arg(long, env = "MIGDRA_PROBE_TIMEOUT", default_value = "3s", value_parser = crate::duration::parse)]
     pub timeout: Duration,
+    /// Readiness: also require that the last publication of this node's ResourceSlices succeeded
+    /// (with --claims-dir there is none to require)
+    // No environment twin: the probes share the container's environment, and liveness must not
+    // turn into readiness.
+    #[arg(long)]
+    pub ready: bool,
 }
 
 pub fn run(args: &Args, global: &Global, out: &mut dyn std::io::Write) -> CliResult {
-    let paths = SocketPaths::new(
-        &backend::plugin_dir(global),
-        &global.node.registry_dir,
-        &global.node.driver_name,
-        args.pod_uid.as_deref(),
-    );
+    let plugin_dir = backend::plugin_dir(global);
+    let paths =
+        SocketPaths::new(&plugin_dir, &global.node.registry_dir, &global.node.driver_name, args.pod_uid.as_deref());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -48,7 +58,20 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn std::io::Write) -> CliRes
         })
         .map_err(CliError::Failed)?;
     let took = started.elapsed().as_millis();
-    writeln!(out, "ok: {} registered, {} answered in {took} ms", paths.registration.display(), endpoint.display())?;
+    let published = if args.ready {
+        let status = PublishStatus::read(&publish_status::path(&plugin_dir, args.pod_uid.as_deref()))
+            .and_then(|s| s.ready())
+            .map_err(CliError::Failed)?;
+        format!("; {status}")
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "ok: {} registered, {} answered in {took} ms{published}",
+        paths.registration.display(),
+        endpoint.display()
+    )?;
     Ok(())
 }
 

@@ -1,12 +1,14 @@
 //! `migdra serve`: the daemon. Runs in a fixed, logged order: logging → flags → GPUs and engine →
-//! recovery → DRA socket → registration socket → wait for SIGTERM/SIGINT → registration socket
-//! removed → in-flight calls drained within the grace period → exit 0. With `--metrics-addr`,
-//! Prometheus metrics are served from just before the DRA socket until shutdown.
+//! recovery → publish status reset → DRA socket → registration socket → wait for SIGTERM/SIGINT →
+//! registration socket removed → in-flight calls drained within the grace period → publish
+//! status removed → exit 0. With `--metrics-addr`, Prometheus metrics are served from just before
+//! the DRA socket until shutdown.
 
 use super::{CliError, CliResult, Global, backend};
 use crate::claims::{ClaimSource, DirSource};
 use crate::kube::claim_status::{StatusReporter, StatusWriter};
 use crate::kube::claims::KubeClaimSource;
+use crate::kube::publish_status::{self, PublishStatus};
 use crate::kube::publisher::Publisher;
 use crate::kubelet::{self, Driver, PluginConfig, PluginState, SocketPaths};
 use std::sync::Arc;
@@ -120,9 +122,28 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     }
     tracing::info!(checkpoint = report.checkpoint, "recovery done");
 
+    // Before the sockets: a restarted container of this pod must not be ready on its
+    // predecessor's publication (until the sockets answer, the probe fails on them).
     let plugin_dir = backend::plugin_dir(global);
+    let status_file = publish_status::path(&plugin_dir, args.pod_uid.as_deref());
+    let status = match global.node.claims_dir {
+        Some(_) => PublishStatus::no_api_server(&publish_status::now()),
+        None => PublishStatus::starting(&publish_status::now()),
+    };
+    crate::files::create_dir(&plugin_dir, 0o750)
+        .map_err(|e| e.to_string())
+        .and_then(|()| status.write(&status_file).map_err(|e| e.to_string()))
+        .map_err(|e| CliError::Failed(format!("failed to reset the publish status in --plugin-dir: {e}")))?;
     let registry_dir = global.node.registry_dir.clone();
     let paths = SocketPaths::new(&plugin_dir, &registry_dir, &global.node.driver_name, args.pod_uid.as_deref());
+    if let Some(long) = paths.too_long() {
+        return Err(CliError::Usage(format!(
+            "socket path {} is {} bytes, over Linux's {} for a Unix socket: give a shorter --plugin-dir or --registry-dir (the kubelet's --root-dir)",
+            long.display(),
+            long.as_os_str().len(),
+            crate::kubelet::MAX_SOCKET_PATH
+        )));
+    }
     let config = PluginConfig {
         driver: global.node.driver_name.clone(),
         paths,
@@ -141,6 +162,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         super::SliceLayoutFlag::Combined => Some(crate::kube::slices::Layout::Combined),
         super::SliceLayoutFlag::Split => Some(crate::kube::slices::Layout::Split),
     };
+    let publisher_status = status_file.clone();
     runtime.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let state = Arc::new(PluginState::default());
@@ -152,13 +174,16 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 Driver::new(engine.clone(), claims, state.clone())
             }
             None => {
-                let client = kube_client(global.node.kubeconfig.as_deref()).await?;
+                let (client, server) = kube_client(global.node.kubeconfig.as_deref()).await?;
+                tracing::info!(server = %server, "API server");
                 let handle = tokio::runtime::Handle::current();
                 let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaimSource::new(client.clone(), handle.clone()));
                 let writer = StatusWriter::new(client.clone(), &global.node.driver_name, &engine.options().pool);
                 let events = crate::kube::events::Recorder::new(client.clone(), &engine.options().pool);
                 let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
                 let p = Publisher::new(client, engine.clone(), layout)
+                    .with_server(&server)
+                    .with_status_file(publisher_status)
                     .with_events(events)
                     .with_device_order(global.node.device_order.into())
                     .with_taints(taints, args.health_interval);
@@ -203,12 +228,14 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         }
         served.map_err(|e| CliError::Failed(e.to_string()))
     })?;
+    // Like the sockets: a deleted pod's file would otherwise stay in the plugin directory.
+    let _ = std::fs::remove_file(&status_file);
     tracing::info!("stopped");
     Ok(())
 }
 
-/// A client for `--kubeconfig`, or in-cluster, then `~/.kube/config`.
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, CliError> {
+/// A client for `--kubeconfig`, or in-cluster, then `~/.kube/config`, and its server's URL.
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<(kube::Client, String), CliError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -223,7 +250,10 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
             ))
         })?,
     };
-    kube::Client::try_from(config).map_err(|e| CliError::Failed(format!("failed to build the Kubernetes client: {e}")))
+    let server = config.cluster_url.to_string().trim_end_matches('/').to_string();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| CliError::Failed(format!("failed to build the Kubernetes client: {e}")))?;
+    Ok((client, server))
 }
 
 /// The first SIGTERM or SIGINT starts a graceful shutdown; a second one exits at once.

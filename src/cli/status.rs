@@ -31,6 +31,9 @@ struct StatusView {
 struct SlurmView {
     source: Source,
     rule: String,
+    /// Slurm's release, from `slurmd -V` when slurmd was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
     notes: Vec<Note>,
 }
 
@@ -120,7 +123,10 @@ pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
         });
     }
     let s = engine.slurm();
-    let view = StatusView { gpus, slurm: SlurmView { source: s.source, rule: s.rule.clone(), notes: s.notes.clone() } };
+    let view = StatusView {
+        gpus,
+        slurm: SlurmView { source: s.source, rule: s.rule.clone(), version: s.version.clone(), notes: s.notes.clone() },
+    };
     match global.output {
         Format::Json | Format::Yaml => output::data(out, global.output, &view)?,
         Format::Table => table(&view, out)?,
@@ -187,6 +193,9 @@ fn table(view: &StatusView, out: &mut dyn Write) -> std::io::Result<()> {
         }
     }
     writeln!(out, "Slurm index: {} ({})", view.slurm.source, view.slurm.rule)?;
+    if let Some(v) = &view.slurm.version {
+        writeln!(out, "Slurm release: {v} (slurmd -V)")?;
+    }
     for n in &view.slurm.notes {
         writeln!(out, "{}: {}", if n.warning { "warning" } else { "note" }, n.message)?;
     }

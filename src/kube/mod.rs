@@ -5,6 +5,7 @@
 //!   in both layouts (counters beside devices before 1.35, in their own slices from 1.35).
 //! - [`inventory`]: the node's GPUs as the slice builder takes them, read from the prepare engine.
 //! - [`publisher`]: publishes the slices and repairs drift.
+//! - [`publish_status`]: whether it publishes, on disk for `migdra probe --ready`.
 //! - [`claims`]: the claim source backed by the API server.
 //! - [`claim_status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
 //! - [`device_classes`]: the DeviceClasses for migdra's devices, and slurm-bridge's profiles for them.
@@ -16,6 +17,7 @@ pub mod claims;
 pub mod device_classes;
 pub mod events;
 pub mod inventory;
+pub mod publish_status;
 pub mod publisher;
 pub mod slices;
 
@@ -30,11 +32,13 @@ pub fn transient(e: &kube::Error) -> bool {
     }
 }
 
-/// One line for an API error: kube's own text of a refusal carries the whole Status struct.
+/// One line for an API error: kube's own text of a refusal carries the whole Status struct, and
+/// that of a connection failure only `ServiceError: client error (Connect)`, the cause (refused,
+/// timed out, no route, a TLS failure) being in its sources.
 pub fn error_text(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({}, HTTP {})", s.message, s.reason, s.code),
-        other => other.to_string(),
+        other => crate::kubelet::client::with_causes(other),
     }
 }
 

@@ -14,8 +14,11 @@
 //!   gave it for as long as it stays. An API server that drops taints (DRADeviceTaints off,
 //!   before 1.36 by default) gets the same taints again only after health changes, so a dropped
 //!   field never makes a rewrite loop.
+//! - Each round's outcome goes to the status file `migdra probe --ready` reads
+//!   ([`super::publish_status`]); a failure names the API server it tried, with every cause.
 
 use super::inventory::{self, PublishOptions};
+use super::publish_status::{self, PublishStatus};
 use super::slices::{self, Layout, TaintSet};
 use crate::mig::taints::{GpuHealth, TaintPolicy};
 use crate::prepare::Engine;
@@ -27,6 +30,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client};
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -38,6 +42,17 @@ pub enum PublishError {
     Gpu(#[from] crate::gpu::GpuError),
     #[error("failed to build the slices: {0}")]
     Build(#[from] slices::SliceError),
+}
+
+impl PublishError {
+    /// One line with every cause: a refusal as the API server words it, a connection failure
+    /// with why it failed (kube's own text says only `client error (Connect)`).
+    pub fn line(&self) -> String {
+        match self {
+            Self::Api { op, source } => format!("failed to {op}: {}", super::error_text(source)),
+            other => crate::kubelet::client::with_causes(other),
+        }
+    }
 }
 
 /// What one publish did.
@@ -69,6 +84,12 @@ pub struct Publisher {
     health_interval: Duration,
     /// The taints the API server last dropped: not sent again until the wanted set differs.
     dropped: Mutex<Option<TaintSet>>,
+    /// The API server's URL, which a failure names: an address that cannot be reached is the
+    /// usual cause, and kube's errors do not say which one they tried.
+    server: String,
+    /// Where each round's outcome is written for `migdra probe --ready`; none in tests that
+    /// do not probe.
+    status_file: Option<PathBuf>,
 }
 
 impl Publisher {
@@ -85,7 +106,21 @@ impl Publisher {
             opts: PublishOptions::default(),
             health_interval: Duration::from_secs(1),
             dropped: Mutex::new(None),
+            server: "the API server".into(),
+            status_file: None,
         }
+    }
+
+    /// Name `url` (the client's cluster URL) in every failure.
+    pub fn with_server(mut self, url: &str) -> Self {
+        self.server = url.trim_end_matches('/').to_string();
+        self
+    }
+
+    /// Write each round's outcome to `path` ([`publish_status`]).
+    pub fn with_status_file(mut self, path: PathBuf) -> Self {
+        self.status_file = Some(path);
+        self
     }
 
     /// Publish each GPU's devices in this order (a pure reorder: the same devices and counters).
@@ -284,11 +319,15 @@ impl Publisher {
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut wait = Duration::from_millis(200);
+        let mut status = PublishStatus::starting(&publish_status::now());
         loop {
             let seen = self.health().await;
             let published = self.publish().await;
             crate::metrics::METRICS
                 .slice_publish(published.as_ref().ok().map(|p| p.created + p.updated + p.deleted > 0));
+            let failure = published.as_ref().err().map(|e| self.failure(e));
+            status = status.after(&publish_status::now(), failure.clone());
+            self.record(&status);
             match published {
                 Ok(p) => {
                     if p.created + p.updated + p.deleted > 0 {
@@ -296,10 +335,11 @@ impl Publisher {
                     }
                     wait = Duration::from_millis(200);
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?wait, "publishing ResourceSlices failed");
+                Err(_) => {
+                    let failure = failure.unwrap_or_default();
+                    tracing::warn!(error = %failure, retry_in = ?wait, "publishing ResourceSlices failed");
                     if let Some(events) = &self.events {
-                        events.node_warning("PublishFailed", &format!("publishing ResourceSlices failed: {e}")).await;
+                        events.node_warning("PublishFailed", &failure).await;
                     }
                     tokio::select! {
                         () = &mut shutdown => return,
@@ -317,6 +357,21 @@ impl Publisher {
                     *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 }
             }
+        }
+    }
+
+    /// A failed round in one line: the server tried, then the error with its causes.
+    fn failure(&self, e: &PublishError) -> String {
+        format!("publishing ResourceSlices to {} failed: {}", self.server, e.line())
+    }
+
+    /// Write a round's outcome for `migdra probe --ready`; a failure to write is logged (the
+    /// probe then reads the previous round's, and the plugin directory is broken for the
+    /// sockets too).
+    fn record(&self, status: &PublishStatus) {
+        let Some(path) = &self.status_file else { return };
+        if let Err(e) = status.write(path) {
+            tracing::error!(error = %e, "failed to record the publish status for migdra probe --ready");
         }
     }
 

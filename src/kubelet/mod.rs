@@ -4,7 +4,8 @@
 //! Order matters: the DRA socket is served before the registration socket exists, because the
 //! kubelet connects to the endpoint as soon as it registers us. On shutdown the registration
 //! socket goes first (the kubelet stops sending), then in-flight calls finish within the grace
-//! period, then the DRA socket is removed.
+//! period (and the DRA socket keeps answering for a short linger, while the kubelet has not yet
+//! dropped the endpoint), then the DRA socket is removed.
 
 pub mod authority;
 pub mod client;
@@ -18,7 +19,7 @@ mod sockets;
 pub use driver::{Driver, MAX_CLAIMS_PER_CALL};
 pub use health::snapshot as health_snapshot;
 pub use registration::{DRA_V1, DRA_V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1};
-pub use sockets::SocketPaths;
+pub use sockets::{MAX_SOCKET_PATH, SocketPaths};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -112,6 +113,13 @@ impl PluginState {
 /// connections to close.
 const DRAIN: Duration = Duration::from_secs(1);
 
+/// How long the DRA socket keeps serving after the registration socket went, even with nothing in
+/// flight (at most the grace period). The kubelet drops this endpoint only when its plugin
+/// manager's reconciler, a 1 s loop, sees the registration socket gone; until then it may still
+/// dial it. Seen on a real node during a rolling update: a prepare sent to the old pod's endpoint
+/// failed with its socket already removed.
+const LINGER: Duration = Duration::from_secs(2);
+
 /// Serve the kubelet until `shutdown` completes, then shut down in order.
 ///
 /// # Errors
@@ -171,9 +179,11 @@ pub async fn serve(
             r
         }
     };
-    // Wait for claims in flight, not for connections: the kubelet keeps its connection open.
-    let deadline = tokio::time::Instant::now() + config.grace;
-    while driver.inflight() > 0 && tokio::time::Instant::now() < deadline {
+    // Wait for claims in flight, not for connections: the kubelet keeps its connection open. Keep
+    // answering for LINGER too, while the kubelet may not have dropped this endpoint yet.
+    let now = tokio::time::Instant::now();
+    let (deadline, linger) = (now + config.grace, now + LINGER.min(config.grace));
+    while (driver.inflight() > 0 || tokio::time::Instant::now() < linger) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     match driver.inflight() {

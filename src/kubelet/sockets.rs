@@ -15,19 +15,48 @@ pub struct SocketPaths {
     pub registration: PathBuf,
 }
 
+/// The longest path a Unix socket may have on Linux: `sun_path` holds 108 bytes with its NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// How many characters of the pod UID name the sockets when the whole UID makes a path too long.
+const SHORT_UID: usize = 8;
+
 impl SocketPaths {
     /// With a pod UID, both names carry it, so an old and a new pod can be registered at once
-    /// during a rolling upgrade.
+    /// during a rolling upgrade. Under a long kubelet root dir (MicroK8s:
+    /// `/var/snap/microk8s/common/var/lib/kubelet`) the whole UID would pass the socket path
+    /// limit, which neither migdra nor the kubelet could bind or dial; then its first
+    /// [`SHORT_UID`] characters name them, enough to tell two pods of one node apart. The same
+    /// inputs always give the same paths, so `migdra probe` finds what `serve` bound.
     pub fn new(plugin_dir: &Path, registry_dir: &Path, driver: &str, pod_uid: Option<&str>) -> Self {
         match pod_uid.filter(|u| !u.is_empty()) {
-            Some(uid) => Self {
-                dra: plugin_dir.join(format!("dra-{uid}.sock")),
-                registration: registry_dir.join(format!("{driver}-{uid}-reg.sock")),
-            },
+            Some(uid) => {
+                let full = Self::tagged(plugin_dir, registry_dir, driver, uid);
+                if full.too_long().is_none() {
+                    return full;
+                }
+                let short: String = uid.chars().take(SHORT_UID).collect();
+                Self::tagged(plugin_dir, registry_dir, driver, &short)
+            }
             None => {
                 Self { dra: plugin_dir.join("dra.sock"), registration: registry_dir.join(format!("{driver}-reg.sock")) }
             }
         }
+    }
+
+    fn tagged(plugin_dir: &Path, registry_dir: &Path, driver: &str, tag: &str) -> Self {
+        Self {
+            dra: plugin_dir.join(format!("dra-{tag}.sock")),
+            registration: registry_dir.join(format!("{driver}-{tag}-reg.sock")),
+        }
+    }
+
+    /// The first of the two paths that is longer than a socket path may be.
+    pub fn too_long(&self) -> Option<&Path> {
+        [&self.dra, &self.registration]
+            .into_iter()
+            .find(|p| p.as_os_str().len() > MAX_SOCKET_PATH)
+            .map(PathBuf::as_path)
     }
 }
 
@@ -65,5 +94,36 @@ pub fn inode(path: &Path) -> Option<u64> {
 pub fn remove(path: &Path, ino: Option<u64>) {
     if ino.is_some() && inode(path) == ino {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_kubelet_root_dir_shortens_the_pod_uid_to_fit() {
+        let uid = "c3ef4f6d-1be5-41ad-96c1-ead124a186ac";
+        let driver = "mig.slinky.slurm.net";
+        let at = |root: &str| {
+            let root = Path::new(root);
+            SocketPaths::new(&root.join("plugins").join(driver), &root.join("plugins_registry"), driver, Some(uid))
+        };
+        let p = at("/var/lib/kubelet");
+        assert_eq!(p.registration, Path::new(&format!("/var/lib/kubelet/plugins_registry/{driver}-{uid}-reg.sock")));
+        let p = at("/var/snap/microk8s/common/var/lib/kubelet");
+        assert_eq!(
+            p.registration,
+            Path::new(
+                "/var/snap/microk8s/common/var/lib/kubelet/plugins_registry/mig.slinky.slurm.net-c3ef4f6d-reg.sock"
+            )
+        );
+        assert_eq!(
+            p.dra,
+            Path::new("/var/snap/microk8s/common/var/lib/kubelet/plugins/mig.slinky.slurm.net/dra-c3ef4f6d.sock")
+        );
+        assert!(p.too_long().is_none(), "{p:?}");
+        let p = at(&format!("/{}", "x".repeat(120)));
+        assert_eq!(p.too_long(), Some(p.dra.as_path()));
     }
 }

@@ -38,8 +38,9 @@ impl Engine {
             name: claim.name.clone(),
             devices: planned.iter().map(|p| self.admin_device_record(&claim.uid, p)).collect(),
         };
-        // Read before anything is written, so an NVML failure leaves nothing behind.
+        // Read and checked before anything is written, so a failure leaves nothing behind.
         let devices = self.admin_spec_devices(&who, &record)?;
+        self.check_host_nodes(&who, &devices)?;
         let ckpt = |source| PrepareError::Checkpoint { claim: who.clone(), source };
         let known = self.store.read().map_err(ckpt)?.admin.get(&claim.uid) == Some(&record);
         if !known {

@@ -251,6 +251,7 @@ impl Engine {
         // Before the spec that mounts them: the runtime needs the files when it reads the spec.
         self.ensure_metadata(who, &made)?;
         let cdi_devices = self.claim_spec(who, &made)?;
+        self.check_host_nodes(who, &cdi_devices)?;
         // Not synced: the completion below is, and the spec is written again from it.
         let ids = self
             .cdi
@@ -442,6 +443,13 @@ impl Engine {
             Ok(Err(never)) => match never {},
             Err(source) => Err(PrepareError::Checkpoint { claim: who.into(), source }),
         }
+    }
+
+    /// Fail now, not at container creation, if a host node `devices` name is missing
+    /// (`--host-root`; not checked when `None`).
+    pub(super) fn check_host_nodes(&self, who: &str, devices: &[cdi::CdiDevice]) -> Result<(), PrepareError> {
+        let Some(root) = &self.opts.host_root else { return Ok(()) };
+        cdi::host::check(root, devices).map_err(|source| PrepareError::HostNode { claim: who.into(), source })
     }
 
     pub(super) fn nvml<T>(

@@ -23,6 +23,9 @@ pub enum PrepareError {
     Nvml { claim: String, device: String, step: &'static str, source: GpuError },
     #[error("claim {claim}: {source}")]
     Cdi { claim: String, source: CdiError },
+    /// A host device node the spec names is missing: the runtime would fail the container.
+    #[error("claim {claim}: {source}")]
+    HostNode { claim: String, source: crate::cdi::host::HostNodeError },
     #[error("claim {claim}: checkpoint: {source}")]
     Checkpoint { claim: String, source: StateError },
     #[error("claim {claim}: device {device}: GPU is busy: {source}")]
@@ -42,8 +45,8 @@ pub enum PrepareError {
 impl PrepareError {
     /// The fixed label a failure is counted under in `migdra_errors_total`: `bad-device`,
     /// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`,
-    /// `checkpoint`, `timeout` (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`,
-    /// `profiles`.
+    /// `host-node` (a device node the spec names is missing on the host), `checkpoint`, `timeout`
+    /// (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`, `profiles`.
     pub fn reason(&self) -> String {
         match self {
             Self::BadDevice { .. } => "bad-device".into(),
@@ -55,6 +58,7 @@ impl PrepareError {
                 None => "nvml".into(),
             },
             Self::Cdi { .. } => "cdi".into(),
+            Self::HostNode { .. } => "host-node".into(),
             Self::Checkpoint { .. } => "checkpoint".into(),
             Self::Busy { .. } => "timeout".into(),
             Self::Discovery(_) => "discovery".into(),

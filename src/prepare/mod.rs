@@ -101,6 +101,10 @@ pub struct Options {
     /// The profiles dynamic GPUs publish. Prepare takes any valid partition, so a claim allocated
     /// before the list changed still runs.
     pub profiles: Allowlist,
+    /// Where a prepare looks for the host device nodes a spec names by path (`<root>/dev/…`)
+    /// before writing it ([`crate::cdi::host`]); `None`: not checked (the simulator, whose GPUs
+    /// have no nodes).
+    pub host_root: Option<PathBuf>,
 }
 
 impl Options {
@@ -120,6 +124,7 @@ impl Options {
             slurm: slurm::Settings::none(pool),
             device_names: NameStyle::Minor,
             profiles: Allowlist::all(),
+            host_root: None,
         }
     }
 }
