@@ -404,6 +404,11 @@ fn values_render_what_migdra_reads() {
         ("MIGDRA_METRICS_ALLOW_REMOTE", "true"),
         ("MIGDRA_NVML_LIB", "/driver-root/usr/lib64/libnvidia-ml.so.1"),
         ("MIGDRA_ORPHANS", "report"),
+        ("MIGDRA_PLUGIN_DIR", "/var/lib/k0s/kubelet/plugins/mig.slinky.slurm.net"),
+        ("MIGDRA_REGISTRY_DIR", "/var/lib/k0s/kubelet/plugins_registry"),
+        ("MIGDRA_SIM", "h100-80gb:1,a100-40gb:1:mig-off"),
+        ("MIGDRA_SIM_STATE", "/var/lib/migdra-sim/gpus.json"),
+        ("MIGDRA_HOST_ROOT", "/driver-root"),
     ];
     for (name, value) in expected {
         assert_eq!(env.get(name).copied(), Some(value), "{name} in {env:?}");
@@ -416,6 +421,19 @@ fn values_render_what_migdra_reads() {
     let volume = |name: &str| pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name).unwrap().clone();
     assert_eq!(volume("driver-root")["hostPath"]["path"], "/run/nvidia/driver");
     assert_eq!(volume("slurm-conf")["hostPath"]["path"], "/etc/slurm-llnl");
+    // Under another kubelet root dir the sockets sit at the same paths inside and outside, since
+    // the kubelet dials the path migdra registers.
+    let mount = |name: &str| c["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap().clone();
+    for (name, path) in [
+        ("plugin-dir", "/var/lib/k0s/kubelet/plugins/mig.slinky.slurm.net"),
+        ("registry-dir", "/var/lib/k0s/kubelet/plugins_registry"),
+        ("simulation-state", "/var/lib/migdra-sim"),
+    ] {
+        assert_eq!(volume(name)["hostPath"]["path"], path, "{name}");
+        assert_eq!(mount(name)["mountPath"], path, "{name}");
+    }
+    assert_eq!(volume("scratch")["emptyDir"], json!({}));
+    assert_eq!(mount("scratch")["mountPath"], "/scratch");
     assert!(!docs.iter().any(|d| d["kind"] == "DeviceClass"), "deviceClasses.create=false renders none");
 
     let map = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();

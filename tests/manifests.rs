@@ -997,7 +997,9 @@ fn daemonset_runs_migdra_as_the_code_expects() {
 
     // Probes ask the daemon through `migdra probe` (tests/probe.rs), which finds this pod's
     // sockets from the same environment as serve; the image puts the binary at that path, and
-    // the kubelet's timeout leaves the probe's own --timeout room to report.
+    // the kubelet's timeout leaves the probe's own --timeout room to report. Readiness alone
+    // also needs the node's ResourceSlices published (--ready): liveness must not restart every
+    // pod during an API server outage.
     let probe_cmd = migdra::cli::Cli::command().find_subcommand("probe").cloned().expect("a probe subcommand");
     let probe_timeout = probe_cmd.get_arguments().find(|a| a.get_id() == "timeout").unwrap().get_default_values()[0]
         .to_string_lossy()
@@ -1008,12 +1010,15 @@ fn daemonset_runs_migdra_as_the_code_expects() {
         .lines()
         .find_map(|l| l.strip_prefix("COPY --from=build ")?.split_whitespace().last())
         .expect("the Dockerfile copies the binary from the build stage");
-    for (what, probe) in
-        [("startup", &c.startup_probe), ("readiness", &c.readiness_probe), ("liveness", &c.liveness_probe)]
-    {
+    for (what, probe, args) in [
+        ("startup", &c.startup_probe, &["probe"][..]),
+        ("readiness", &c.readiness_probe, &["probe", "--ready"][..]),
+        ("liveness", &c.liveness_probe, &["probe"][..]),
+    ] {
         let probe = probe.as_ref().unwrap_or_else(|| panic!("no {what} probe"));
         let command = probe.exec.as_ref().and_then(|e| e.command.as_deref()).unwrap_or_default();
-        assert_eq!(command, [image_bin, "probe"], "{what} probe");
+        let want: Vec<&str> = std::iter::once(image_bin).chain(args.iter().copied()).collect();
+        assert_eq!(command, want, "{what} probe");
         let kubelet_timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).try_into().unwrap());
         assert!(
             kubelet_timeout > probe_timeout,

@@ -29,3 +29,22 @@ The port of metrics.addr (HOST:PORT or [V6]:PORT), for the containerPort.
 {{- end -}}
 {{- $port -}}
 {{- end }}
+
+{{/*
+The kubelet's --root-dir without a trailing slash, and the two directories under it that migdra
+shares with the kubelet: its plugin directory (DRA socket, device metadata, checkpoint) and the
+registration directory the kubelet watches.
+*/}}
+{{- define "migdra.kubeletRootDir" -}}
+{{- $root := .Values.kubeletRootDir | trimSuffix "/" -}}
+{{- if not (hasPrefix "/" $root) -}}
+{{- fail (printf "kubeletRootDir %q: give the kubelet's --root-dir as an absolute path, e.g. /var/lib/kubelet" .Values.kubeletRootDir) -}}
+{{- end -}}
+{{- $root -}}
+{{- end }}
+{{- define "migdra.pluginDir" -}}
+{{- include "migdra.kubeletRootDir" . }}/plugins/mig.slinky.slurm.net
+{{- end }}
+{{- define "migdra.registryDir" -}}
+{{- include "migdra.kubeletRootDir" . }}/plugins_registry
+{{- end }}
