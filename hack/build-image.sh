@@ -98,7 +98,9 @@ buildah config --entrypoint "$entrypoint" --cmd "$cmd" --env "$env" \
 buildah commit --quiet --format oci "$ctr" "$name" >/dev/null
 buildah rm "$ctr" >/dev/null
 rm -f "$archive"
-buildah push --quiet "$name" "oci-archive:$archive:$name"
+# The archive names the image fully, as the chart's `migdra:TAG` normalizes to: a container
+# runtime that imports it (`ctr -n k8s.io images import`) then finds it without a registry.
+buildah push --quiet "$name" "oci-archive:$archive:docker.io/library/$name"
 
 # 4. What the image holds, run from the archive.
 ctr=$(buildah from --quiet "oci-archive:$archive")

@@ -6,11 +6,11 @@
 # pinned Go modules when missing (hack/controlplane-1.37, hack/controlplane, hack/controlplane-1.34;
 # 8-10 minutes each when cold) and cached outside the repo; the build prints its bin directory
 # as its last line.
-# built VAR SCRIPT MODULE: export VAR as the bin directory SCRIPT builds from MODULE, unless set.
+# built VAR SCRIPT [MODULE]: export VAR as the bin directory SCRIPT builds (from MODULE), unless set.
 built() {
   [[ -z ${!1:-} ]] || return 0
   local dir
-  dir=$(bash "$2" "$3" | tail -n 1)
+  dir=$(bash "$2" "${@:3}" | tail -n 1)
   export "$1=$dir"
 }
 built MIGDRA_CONTROLPLANE_137_BIN hack/build-controlplane.sh hack/controlplane-1.37
@@ -25,6 +25,13 @@ export MIGDRA_CONTROLPLANE_BIN=${MIGDRA_CONTROLPLANE_BIN:-$MIGDRA_CONTROLPLANE_1
 built MIGDRA_KUBELET_137_BIN hack/build-kubelet.sh hack/kubelet-1.37
 built MIGDRA_KUBELET_BIN hack/build-kubelet.sh hack/kubelet
 built MIGDRA_KUBELET_134_BIN hack/build-kubelet.sh hack/kubelet-1.34
+# tests/node.rs runs a real node: the kubelet binary and kubectl (1.37, from the control plane's
+# module set), containerd, runc and crictl; built and cached the same way (about 12 minutes cold).
+built MIGDRA_NODE_BIN hack/build-node.sh
+# Slurm: Debian 12's 22.05 is installed by hack/slurm-deps.sh; 26.05, the release slurm-bridge
+# users run, comes from Debian unstable in a chroot (hack/slurm-2605.sh, cached, about 1.5 minutes
+# cold). The suite runs on 26.05; hack/test.sh runs the Slurm tests again on 22.05.
+built MIGDRA_SLURM_2605_BIN hack/slurm-2605.sh
 echo "control planes of the matrix:"
 for var in MIGDRA_CONTROLPLANE_137_BIN MIGDRA_CONTROLPLANE_136_BIN MIGDRA_CONTROLPLANE_134_BIN; do
   printf '  %s: %s (%s)\n' "$var" "$("${!var}/kube-apiserver" --version)" "${!var}"
@@ -33,3 +40,8 @@ echo "kubelet code:"
 for var in MIGDRA_KUBELET_137_BIN MIGDRA_KUBELET_BIN MIGDRA_KUBELET_134_BIN; do
   printf '  %s: %s\n' "$var" "${!var}"
 done
+echo "real node (tests/node.rs): $MIGDRA_NODE_BIN"
+printf '  %s\n' "$("$MIGDRA_NODE_BIN/kubelet" --version)" "containerd $("$MIGDRA_NODE_BIN/containerd" --version | awk '{print $3}')" \
+  "$("$MIGDRA_NODE_BIN/runc" --version | head -n 1)" "$("$MIGDRA_NODE_BIN/crictl" --version)" \
+  "kubectl $("$MIGDRA_NODE_BIN/kubectl" version --client -o json | awk -F'"' '/gitVersion/ {print $4; exit}')"
+echo "Slurm: $(/usr/sbin/slurmd -V 2>/dev/null || echo "22.05 missing (hack/slurm-deps.sh)") (Debian 12), $("$MIGDRA_SLURM_2605_BIN/slurmd" -V) ($MIGDRA_SLURM_2605_BIN)"

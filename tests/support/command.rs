@@ -14,6 +14,7 @@ pub const SCRUBBED: &[&str] = &[
     "MIGDRA_SIM_STATE",
     "MIGDRA_NVML_LIB",
     "MIGDRA_PROCFS_ROOT",
+    "MIGDRA_HOST_ROOT",
     "MIGDRA_OUTPUT",
     "MIGDRA_DRIVER_NAME",
     "NODE_NAME",

@@ -105,7 +105,7 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// Where hack/build-controlplane.sh keeps its builds: `$MIGDRA_CACHE`, else `~/.cache/migdra`.
-fn cache_dir() -> PathBuf {
+pub fn cache_dir() -> PathBuf {
     std::env::var_os("MIGDRA_CACHE").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/migdra"),
         PathBuf::from,
@@ -170,7 +170,7 @@ fn kube_version(bin: &Path) -> (u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free localhost port").port()
 }
 
@@ -183,9 +183,9 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// A CA, a serving certificate for 127.0.0.1 signed by it, and the service-account key pair; all
-/// P-256 keys, which Go and rustls both take and openssl makes fast.
-fn certificates(dir: &Path) {
+/// A CA, a serving certificate for 127.0.0.1 (and `extra_ip`) signed by it, and the
+/// service-account key pair; all P-256 keys, which Go and rustls both take and openssl makes fast.
+fn certificates(dir: &Path, extra_ip: Option<&str>) {
     let key = |name: &str| {
         openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", name])
     };
@@ -212,10 +212,13 @@ fn certificates(dir: &Path) {
     );
     key("apiserver.key");
     openssl(dir, &["req", "-new", "-key", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver"]);
+    let extra = extra_ip.map(|ip| format!(",IP:{ip}")).unwrap_or_default();
     std::fs::write(
         dir.join("apiserver.ext"),
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n\
-         subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n",
+        format!(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n\
+             subjectAltName=IP:127.0.0.1{extra},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n"
+        ),
     )
     .unwrap();
     openssl(
@@ -246,7 +249,7 @@ impl ControlPlane {
     /// Start etcd, kube-apiserver (waits for `/readyz`), kube-scheduler and
     /// kube-controller-manager.
     pub async fn start() -> Self {
-        Self::start_from(bin_dir(), None, None).await
+        Self::start_from(bin_dir(), None, None, None).await
     }
 
     /// [`Self::start`] with the four binaries of `bin` (another Kubernetes version, as the scale
@@ -254,26 +257,39 @@ impl ControlPlane {
     /// raised to `qps` (burst twice that): at their defaults (50 and 20 requests/s) the claim
     /// controller, not the scheduler, would set the pace of a benchmark.
     pub async fn start_in(bin: PathBuf, qps: u32) -> Self {
-        Self::start_from(bin, None, Some(qps)).await
+        Self::start_from(bin, None, Some(qps), None).await
     }
 
     /// [`Self::start`] with the control plane of `release`.
     pub async fn start_release(release: Release) -> Self {
-        Self::start_from(release_dir(release, &BINARIES), None, None).await
+        Self::start_from(release_dir(release, &BINARIES), None, None, None).await
+    }
+
+    /// [`Self::start_release`] for real nodes (`support::kubenode`) whose pods reach the API server
+    /// at `pod_gateway` (the pod bridge's address on this host; no kube-proxy runs): the API
+    /// server also listens there and its certificate names it; service accounts are admitted and
+    /// their tokens mounted; the controllers a node's pods need run too.
+    pub async fn start_for_nodes(release: Release, pod_gateway: &str) -> Self {
+        Self::start_from(release_dir(release, &BINARIES), None, None, Some(pod_gateway)).await
     }
 
     /// Only etcd and the kube-apiserver found in `apiserver_dir` (another Kubernetes version);
     /// no scheduler or controller manager, which must not be newer than the API server.
     pub async fn start_apiserver_only(apiserver_dir: PathBuf) -> Self {
-        Self::start_from(bin_dir(), Some(apiserver_dir), None).await
+        Self::start_from(bin_dir(), Some(apiserver_dir), None, None).await
     }
 
-    async fn start_from(bin: PathBuf, apiserver_dir: Option<PathBuf>, qps: Option<u32>) -> Self {
+    async fn start_from(
+        bin: PathBuf,
+        apiserver_dir: Option<PathBuf>,
+        qps: Option<u32>,
+        pod_gateway: Option<&str>,
+    ) -> Self {
         let t0 = Instant::now();
         let api_bin = apiserver_dir.clone().unwrap_or_else(|| bin.clone());
         let dir = tempfile::Builder::new().prefix("migdra-controlplane-").tempdir().unwrap();
         let d = dir.path().to_path_buf();
-        certificates(&d);
+        certificates(&d, pod_gateway);
         let token = format!("migdra-admin-{:x}", t0.elapsed().as_nanos() ^ u128::from(std::process::id()));
         std::fs::write(d.join("tokens.csv"), format!("{token},admin,admin-uid,\"system:masters\"\n")).unwrap();
         let (etcd_client, etcd_peer, api_port) = (free_port(), free_port(), free_port());
@@ -322,12 +338,19 @@ impl ControlPlane {
             ],
         );
         let p = |name: &str| d.join(name).display().to_string();
+        // For real nodes: every address (the pod bridge's appears only with the first pod), and
+        // service-account tokens in pods; Nodes still get no not-ready taint (no node lifecycle
+        // controller runs).
+        let (bind, admission_off) = match pod_gateway {
+            Some(_) => ("0.0.0.0", "TaintNodesByCondition"),
+            None => ("127.0.0.1", "ServiceAccount,TaintNodesByCondition"),
+        };
         cp.spawn(
             "kube-apiserver",
             &api_bin,
             &[
                 format!("--etcd-servers={client_url}"),
-                "--bind-address=127.0.0.1".into(),
+                format!("--bind-address={bind}"),
                 "--advertise-address=127.0.0.1".into(),
                 // 1.37 refuses a loopback address for the `kubernetes` Service's endpoints, which
                 // no test uses (no pod runs here).
@@ -344,7 +367,9 @@ impl ControlPlane {
                 "--service-cluster-ip-range=10.96.0.0/16".into(),
                 // No kubelet and no service-account controller run here: new Nodes would keep the
                 // not-ready taint, and pods would wait for a `default` ServiceAccount.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
+                format!("--disable-admission-plugins={admission_off}"),
+                // exec and logs reach a kubelet at its InternalIP (no name lookup for a node).
+                "--kubelet-preferred-address-types=InternalIP".into(),
                 "--runtime-config=resource.k8s.io/v1=true".into(),
                 // Privileged containers allowed, as every cluster that runs a GPU driver's pods
                 // sets it (kubeadm, kind); the default refuses migdra's DaemonSet.
@@ -392,8 +417,19 @@ impl ControlPlane {
         scheduler.extend([format!("--authentication-kubeconfig={kc}"), format!("--authorization-kubeconfig={kc}")]);
         cp.spawn("kube-scheduler", &bin, &scheduler);
         let mut kcm = common(free_port());
+        let controllers = match pod_gateway {
+            // Each namespace's `default` ServiceAccount and its kube-root-ca.crt, which every
+            // pod's token volume needs; the DaemonSet's pods; deleting a namespace.
+            Some(_) => {
+                kcm.push(format!("--root-ca-file={}", p("ca.crt")));
+                format!(
+                    "{CONTROLLERS},serviceaccount-controller,root-ca-certificate-publisher-controller,daemonset-controller,namespace-controller"
+                )
+            }
+            None => CONTROLLERS.to_string(),
+        };
         kcm.extend([
-            format!("--controllers={CONTROLLERS}"),
+            format!("--controllers={controllers}"),
             "--use-service-account-credentials=false".into(),
             format!("--cert-dir={}", p("kcm-certs")),
         ]);

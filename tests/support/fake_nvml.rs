@@ -1,9 +1,14 @@
 //! The fake libnvidia-ml (`hack/fake-nvml`) for tests: built once per test binary with the
 //! same cargo and profile as the tests (so it reuses their artifacts), and copied once per
 //! simulated node, so each node is its own loaded library with its own settings file.
+//!
+//! On NVML a prepare checks the host's device nodes (`--host-root`, `/` by default), which this
+//! machine lacks: each node gets its own under `host/dev` (mknod, so as root), or, where mknod
+//! is refused, `--host-root none`.
 
 use super::command::migdra;
-use super::node::NodeDir;
+use super::node::{NodeDir, make_device_nodes};
+use migdra::gpu::GpuBackend;
 use migdra::gpu::nvml::{NvmlBackend, NvmlOptions};
 use migdra::gpu::procfs::Procfs;
 use migdra::gpu::sim::{SimBackend, SimSpec};
@@ -52,6 +57,8 @@ pub struct FakeNode {
     pub procfs: PathBuf,
     /// This node's copy of the library, as `libnvidia-ml.so.1`.
     pub lib: PathBuf,
+    /// `--host-root`: a directory holding the GPUs' device nodes, or `none`.
+    pub host_root: PathBuf,
     /// Every NVML function called through this copy, one per line.
     pub trace: PathBuf,
     /// The same hardware, driven directly: what a test changes behind NVML's back.
@@ -80,14 +87,18 @@ impl FakeNode {
             conf.push_str(&format!("{k}={v}\n"));
         }
         std::fs::write(libdir.join("fake-nvml.conf"), conf).unwrap();
-        let node = node.nvml(lib.clone(), procfs.clone());
-        FakeNode { node, state, procfs, lib, trace, hw }
+        let host = node.path().join("host");
+        let minors: Vec<u64> = hw.gpus().expect("the simulator's GPUs").iter().map(|g| u64::from(g.minor)).collect();
+        let host_root = if make_device_nodes(&host, &minors) { host } else { PathBuf::from("none") };
+        let node = node.nvml(lib.clone(), procfs.clone()).host_root(&host_root);
+        FakeNode { node, state, procfs, lib, trace, host_root, hw }
     }
 
     /// `migdra` on this node's NVML alone (the library and its procfs tree), no other flags.
     pub fn migdra(&self) -> Command {
         let mut cmd = migdra();
         cmd.arg("--nvml-lib").arg(&self.lib).arg("--procfs-root").arg(&self.procfs);
+        cmd.arg("--host-root").arg(&self.host_root);
         cmd
     }
 

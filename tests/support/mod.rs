@@ -10,8 +10,9 @@
 //! - [`rng`]: a deterministic generator for storms and churn.
 //! - [`render`]: `kustomize build` and `helm template` of daemonset/, the binaries found alike.
 //! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`],
-//!   [`slurm`]: the other side of each tier: a fake API server, a fake libnvidia-ml, a real
-//!   control plane and what the tests put in it, the kubelet's own code, a real Slurm.
+//!   [`slurm`], [`kubenode`]: the other side of each tier: a fake API server, a fake
+//!   libnvidia-ml, a real control plane and what the tests put in it, the kubelet's own code, a
+//!   real Slurm, a real node (kubelet binary, containerd, runc).
 //!
 //! Test files include it with `mod support;` (`#[path = "../tests/support/mod.rs"]` from
 //! benches/ and tests/reliability/). Each binary compiles it on its own and uses only part of it,
@@ -27,6 +28,7 @@ pub mod eventually;
 pub mod fake_apiserver;
 pub mod fake_nvml;
 pub mod kubelet_code;
+pub mod kubenode;
 pub mod logs;
 pub mod node;
 pub mod render;

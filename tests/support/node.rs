@@ -39,6 +39,8 @@ pub struct NodeDir {
     gpus: Gpus,
     /// Claims from the API server of this kubeconfig instead of `claims/`.
     kubeconfig: Option<PathBuf>,
+    /// `--host-root`: where prepare looks for the device nodes; migdra's default when `None`.
+    host_root: Option<OsString>,
     state_dir: bool,
     daemons: Cell<u32>,
 }
@@ -62,7 +64,15 @@ impl NodeDir {
     }
 
     fn from_tempdir(tmp: tempfile::TempDir) -> Self {
-        Self { tmp, name: NODE.into(), gpus: Gpus::StateFile, kubeconfig: None, state_dir: true, daemons: Cell::new(0) }
+        Self {
+            tmp,
+            name: NODE.into(),
+            gpus: Gpus::StateFile,
+            kubeconfig: None,
+            host_root: None,
+            state_dir: true,
+            daemons: Cell::new(0),
+        }
     }
 
     /// Node (and pool) name `name` instead of [`NODE`].
@@ -92,6 +102,12 @@ impl NodeDir {
     /// Claims from the API server of this kubeconfig, instead of `claims/`.
     pub fn kubeconfig(mut self, kubeconfig: PathBuf) -> Self {
         self.kubeconfig = Some(kubeconfig);
+        self
+    }
+
+    /// `--host-root ROOT` (a directory, or `none`) for every command on this node.
+    pub fn host_root(mut self, root: impl Into<OsString>) -> Self {
+        self.host_root = Some(root.into());
         self
     }
 
@@ -175,6 +191,9 @@ impl NodeDir {
             None => flag("--claims-dir", self.claims_dir().into()),
         }
         flag("--node-name", self.name.clone().into());
+        if let Some(root) = &self.host_root {
+            flag("--host-root", root.clone());
+        }
         flags
     }
 
@@ -272,6 +291,21 @@ impl NodeDir {
         }
         cmd
     }
+}
+
+/// Character devices where a CDI spec names host nodes by path, under `root` (for
+/// `--host-root`): `dev/nvidiactl`, `dev/nvidia-uvm`, `dev/nvidia-uvm-tools` and
+/// `dev/nvidia<minor>` of each minor, with /dev/null's numbers. `false` when mknod is refused
+/// (not root), leaving whatever it made.
+pub fn make_device_nodes(root: &Path, minors: &[u64]) -> bool {
+    let dev = root.join("dev");
+    std::fs::create_dir_all(&dev).unwrap_or_else(|e| panic!("{}: {e}", dev.display()));
+    let names = ["nvidiactl".to_string(), "nvidia-uvm".into(), "nvidia-uvm-tools".into()];
+    names.into_iter().chain(minors.iter().map(|m| format!("nvidia{m}"))).all(|name| {
+        let path = dev.join(name);
+        path.exists()
+            || Command::new("mknod").arg(&path).args(["c", "1", "3"]).output().is_ok_and(|o| o.status.success())
+    })
 }
 
 /// (parent minor, profile ID, placement start, compute instances, GI ID) of one GPU instance.

@@ -1,0 +1,660 @@
+//! migdra as it is deployed, on a real node: the kubelet binary, containerd and runc
+//! (`support::kubenode`) joined to a real 1.37 control plane. The chart is installed with helm as
+//! daemonset/README.md says, on simulated GPUs (`simulation.gpus`); the DaemonSet's pod becomes
+//! Ready through the kubelet's exec probes, authenticates with its service account, publishes and
+//! registers through the chart's hostPath directories under a non-default kubelet root dir. Users'
+//! pods then run in real containers and are checked from inside.
+//!
+//! One test, in steps, each printed with its time: the node is a shared, stateful thing, and
+//! each step starts from what the one before left.
+
+mod support;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use support::controlplane::{ControlPlane, K137};
+use support::eventually::eventually;
+use support::kubenode::{self, KubeNode, POD_GATEWAY, WORKLOAD_IMAGE};
+
+const NODE_NAME: &str = "gpu-node-1";
+const GPUS: &str = "h100-80gb:1,a100-40gb:1:mig-off";
+const CHART_NS: &str = "migdra-system";
+const USERS: &str = "team-a";
+/// The images the examples name, served by the workload image (no registry here).
+const EXAMPLE_IMAGES: [&str; 2] =
+    ["quay.io/jupyter/pytorch-notebook:cuda12-latest", "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"];
+
+/// The steps' clock: each line says how long since the start.
+struct Steps(Instant);
+
+impl Steps {
+    #[allow(clippy::print_stdout)] // the test's report
+    fn say(&self, what: &str) {
+        println!("[{:>6.1} s] {what}", self.0.elapsed().as_secs_f64());
+    }
+}
+
+/// kubectl and helm as an operator runs them, against the test's control plane.
+struct Ops {
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+    helm: PathBuf,
+    /// The node's directory: files to apply, and its kubelet's log for failures.
+    node_dir: PathBuf,
+}
+
+impl Ops {
+    fn new(node: &KubeNode, kubeconfig: &Path, helm: PathBuf) -> Self {
+        Self { kubectl: node.bin.join("kubectl"), kubeconfig: kubeconfig.to_path_buf(), helm, node_dir: node.dir() }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        let mut all = vec!["--kubeconfig", self.kubeconfig.to_str().unwrap()];
+        all.extend_from_slice(args);
+        kubenode::run(&self.kubectl, &all)
+    }
+
+    /// kubectl whatever its exit: (success, stdout + stderr).
+    fn try_kubectl(&self, args: &[&str]) -> (bool, String) {
+        let mut all = vec!["--kubeconfig", self.kubeconfig.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let out = kubenode::output(&self.kubectl, &all);
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.kubectl(&all)).unwrap()
+    }
+
+    fn helm(&self, args: &[&str]) -> String {
+        let mut all = args.to_vec();
+        all.extend(["--kubeconfig", self.kubeconfig.to_str().unwrap()]);
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new(&self.helm).args(&all).current_dir(repo).output().unwrap();
+        assert!(out.status.success(), "helm {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `helm upgrade` of the installed release, its values kept but for `args`.
+    fn upgrade(&self, args: &[&str]) {
+        let mut all = vec!["upgrade", "migdra", "daemonset/helm/migdra", "-n", CHART_NS, "--reuse-values"];
+        all.extend_from_slice(args);
+        self.helm(&all);
+    }
+
+    /// `kubectl apply -f -` of a YAML text.
+    fn apply(&self, namespace: &str, yaml: &str) {
+        static APPLIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = APPLIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = self.node_dir.join(format!("apply-{n}.yaml"));
+        std::fs::write(&file, yaml).unwrap();
+        self.kubectl(&["apply", "-n", namespace, "-f", file.to_str().unwrap()]);
+    }
+
+    /// `sh -c SCRIPT` in a pod's first container.
+    fn exec(&self, namespace: &str, pod: &str, script: &str) -> String {
+        self.kubectl(&["exec", "-n", namespace, pod, "--", "sh", "-c", script])
+    }
+
+    async fn wait_running(&self, namespace: &str, pod: &str) -> Duration {
+        let t = Instant::now();
+        eventually(format!("pod {namespace}/{pod} Running and Ready"))
+            .within(Duration::from_secs(120))
+            .every(Duration::from_millis(100))
+            .explain(|| self.explain(namespace, pod))
+            .until(|| {
+                let (ok, out) = self.try_kubectl(&[
+                    "get",
+                    "pod",
+                    "-n",
+                    namespace,
+                    pod,
+                    "-o",
+                    "jsonpath={.status.phase} {.status.conditions[?(@.type==\"Ready\")].status}",
+                ]);
+                if ok && out.trim() == "Running True" { Ok(()) } else { Err(out) }
+            })
+            .await;
+        t.elapsed()
+    }
+
+    /// The pod's `NVIDIA_VISIBLE_DEVICES`, asked inside it until it answers with a device: after
+    /// a restart of the runtime or the node the API's status lags behind the containers.
+    async fn device_inside(&self, namespace: &str, pod: &str) -> String {
+        eventually(format!("{pod} answering exec with its device"))
+            .within(Duration::from_secs(180))
+            .every(Duration::from_millis(500))
+            .explain(|| self.explain(namespace, pod))
+            .until(|| {
+                let (ok, out) =
+                    self.try_kubectl(&["exec", "-n", namespace, pod, "--", "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES"]);
+                let out = out.trim().to_string();
+                if ok && (out.starts_with("MIG-") || out.starts_with("GPU-")) { Ok(out) } else { Err(out) }
+            })
+            .await
+    }
+
+    /// Every FailedPrepareDynamicResources event: "pod: message".
+    fn failed_prepares(&self) -> Vec<String> {
+        self.kubectl(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            "reason=FailedPrepareDynamicResources",
+            "-o",
+            "jsonpath={range .items[*]}{.involvedObject.name}: {.message}{\"\\n\"}{end}",
+        ])
+        .lines()
+        .map(str::to_owned)
+        .collect()
+    }
+
+    /// `kubectl rollout status` of migdra's DaemonSet, failing with what the pods said.
+    fn rollout(&self) {
+        let (ok, out) = self.try_kubectl(&["-n", CHART_NS, "rollout", "status", "daemonset/migdra", "--timeout=180s"]);
+        assert!(ok, "rollout status: {out}\n{}", self.explain(CHART_NS, "-l app.kubernetes.io/name=migdra"));
+    }
+
+    /// The containers' own logs of a namespace, from the kubelet's pod log directory (also those
+    /// of containers that exited).
+    fn container_logs(&self, namespace: &str) -> String {
+        let mut out = String::new();
+        for pod in std::fs::read_dir(self.node_dir.join("pod-logs")).into_iter().flatten().flatten() {
+            if !pod.file_name().to_string_lossy().starts_with(&format!("{namespace}_")) {
+                continue;
+            }
+            for container in std::fs::read_dir(pod.path()).into_iter().flatten().flatten() {
+                for log in std::fs::read_dir(container.path()).into_iter().flatten().flatten() {
+                    out.push_str(&support::logs::file_tail("container", &log.path(), 15));
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+
+    fn explain(&self, namespace: &str, pod: &str) -> String {
+        let mut describe_args = vec!["describe", "pod", "-n", namespace];
+        describe_args.extend(pod.split_whitespace());
+        let (_, describe) = self.try_kubectl(&describe_args);
+        let (_, claims) = self.try_kubectl(&["get", "resourceclaims", "-A", "-o", "yaml"]);
+        let (_, plugin) =
+            self.try_kubectl(&["logs", "-n", CHART_NS, "-l", "app.kubernetes.io/name=migdra", "--tail=40"]);
+        format!(
+            "{}\n--- claims\n{}\n--- migdra\n{plugin}\n{}\n{}",
+            support::logs::tail(&describe, 40),
+            support::logs::tail(&claims, 60),
+            self.container_logs(CHART_NS),
+            support::logs::file_tail("kubelet", &self.node_dir.join("kubelet.log"), 40)
+        )
+    }
+
+    /// The claim of a pod's one resource claim, as the API server has it.
+    fn claim_of(&self, namespace: &str, pod: &str) -> Value {
+        let p = self.json(&["get", "pod", "-n", namespace, pod]);
+        let name = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{pod} has no generated claim: {}", p["status"]))
+            .to_string();
+        self.json(&["get", "resourceclaim", "-n", namespace, &name])
+    }
+}
+
+/// The MIG instances on the simulated GPUs: (GPU minor, profile ID, placement start).
+fn instances(node: &KubeNode) -> Vec<Instance> {
+    let state = node.sim_state();
+    let out = support::command::migdra()
+        .args(["layout", "-o", "json", "--sim-state"])
+        .arg(&state)
+        .output()
+        .expect("run migdra layout");
+    assert!(out.status.success(), "migdra layout: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut all = Vec::new();
+    for g in v["gpus"].as_array().unwrap() {
+        for i in g["instances"].as_array().unwrap() {
+            all.push((
+                g["minor"].as_u64().unwrap(),
+                i["profile_id"].as_u64().unwrap(),
+                i["placement"]["start"].as_u64().unwrap(),
+            ));
+        }
+    }
+    all
+}
+
+/// The CDI specs in the node's /var/run/cdi (inside its mount namespace).
+fn cdi_specs(node: &KubeNode) -> Vec<String> {
+    let out = node.in_node(Path::new("ls")).arg("/var/run/cdi").output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("mig.slinky.slurm.net"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The device metadata directories migdra keeps on the host, one per prepared claim.
+fn metadata_dirs(node: &KubeNode) -> Vec<String> {
+    let dir = node.root_dir().join("plugins/mig.slinky.slurm.net/dra-device-metadata");
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The part of `text` from `from`, up to the end of its sentence or 160 characters.
+fn excerpt(text: &str, from: &str) -> String {
+    let start = text.find(from).unwrap_or(0);
+    text[start..].chars().take(160).take_while(|&c| c != '\n').collect()
+}
+
+/// A pod from the workload image, its command `sleep` until deleted, with the given extra spec.
+fn workload_pod(name: &str, claims: &str, resources: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 1\n{claims}\
+         \n  containers:\n  - name: main\n    image: {WORKLOAD_IMAGE}\n    resources:\n{resources}\n"
+    )
+}
+
+/// A MIG instance: (GPU minor, profile ID, placement start).
+type Instance = (u64, u64, u64);
+
+/// A workload pod whose one claim `gpu` is made from the ResourceClaimTemplate `template`.
+fn claim_pod(name: &str, template: &str) -> String {
+    workload_pod(
+        name,
+        &format!("  resourceClaims:\n  - name: gpu\n    resourceClaimTemplateName: {template}"),
+        "      claims: [{name: gpu}]",
+    )
+}
+
+/// Everything on the node that says a claim is prepared: instances, CDI specs, metadata.
+type Prepared = (Vec<Instance>, Vec<String>, Vec<String>);
+
+fn prepared(node: &KubeNode) -> Prepared {
+    (instances(node), cdi_specs(node), metadata_dirs(node))
+}
+
+/// A running single-node cluster with the chart installed and the node opted in.
+struct Cluster {
+    cp: ControlPlane,
+    node: KubeNode,
+    ops: Ops,
+}
+
+/// Images, control plane, node, `helm install`, node label, rollout: daemonset/README.md's
+/// commands, with the values this node needs: simulated GPUs, the kubelet's root dir, and the
+/// API server's address for pods (no kube-proxy here).
+async fn bring_up(steps: &Steps) -> Cluster {
+    let helm = support::render::HELM.find().expect("helm: bash hack/build-helm.sh (MIGDRA_REQUIRE_RENDERS=1 in CI)");
+    let images_dir = tempfile::tempdir().unwrap();
+    let images = kubenode::image_archives(images_dir.path());
+    steps.say("images: migdra's, pause and workload archives ready");
+
+    let cp = ControlPlane::start_for_nodes(K137, POD_GATEWAY).await;
+    steps.say(&format!("control plane up: {}", cp.versions));
+    let node = KubeNode::start(&cp, NODE_NAME, &images);
+    for name in EXAMPLE_IMAGES {
+        node.ctr(&["images", "tag", WORKLOAD_IMAGE, name]);
+    }
+    let ops = Ops::new(&node, cp.kubeconfig(), helm);
+    let started = Instant::now();
+    eventually("the Node Ready")
+        .within(Duration::from_secs(60))
+        .every(Duration::from_millis(100))
+        .explain(|| node.log("kubelet"))
+        .until(|| {
+            let (ok, out) = ops.try_kubectl(&[
+                "get",
+                "node",
+                NODE_NAME,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ]);
+            ok && out.trim() == "True"
+        })
+        .await;
+    steps.say(&format!(
+        "node Ready: kubelet {} with containerd and runc, {:.1} s after the node's start",
+        ops.kubectl(&["get", "node", NODE_NAME, "-o", "jsonpath={.status.nodeInfo.kubeletVersion}"]),
+        (node.startup + started.elapsed()).as_secs_f64()
+    ));
+
+    let api_port = cp.url.rsplit(':').next().unwrap().to_string();
+    let values = node.dir().join("values.yaml");
+    std::fs::write(
+        &values,
+        format!(
+            "kubeletRootDir: {root}\nsimulation:\n  gpus: {GPUS}\n  stateDir: {sim}\nextraEnv:\n\
+             - name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n- name: KUBERNETES_SERVICE_PORT\n  value: \"{api_port}\"\n",
+            root = node.root_dir().display(),
+            sim = node.sim_dir().display(),
+        ),
+    )
+    .unwrap();
+    let t = Instant::now();
+    ops.helm(&[
+        "install",
+        "migdra",
+        "daemonset/helm/migdra",
+        "-n",
+        CHART_NS,
+        "--create-namespace",
+        "-f",
+        values.to_str().unwrap(),
+    ]);
+    ops.kubectl(&["label", "node", NODE_NAME, "mig.slinky.slurm.net/enabled=true"]);
+    ops.rollout();
+    let ds_ready = t.elapsed();
+    steps.say(&format!(
+        "DaemonSet Ready {:.1} s after helm install (exec probes, in-cluster auth)",
+        ds_ready.as_secs_f64()
+    ));
+
+    // Ready means published: the slices are there once rollout status returns.
+    let slices = ops.json(&["get", "resourceslices", "-l", &format!("mig.slinky.slurm.net/node={NODE_NAME}")]);
+    let devices: usize =
+        slices["items"].as_array().unwrap().iter().map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len)).sum();
+    assert!(devices > 0, "no devices published once the DaemonSet was Ready: {slices}");
+    steps.say(&format!("{} ResourceSlices, {devices} devices", slices["items"].as_array().unwrap().len()));
+    Cluster { cp, node, ops }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::print_stdout, clippy::too_many_lines)] // the test's report; one scenario in steps
+async fn the_chart_on_a_real_node() {
+    let steps = Steps(Instant::now());
+    let Cluster { cp, mut node, ops } = bring_up(&steps).await;
+
+    // A plain pod and a MIG pod, created the same way, timed from creation to Running.
+    ops.kubectl(&["create", "namespace", USERS]);
+    let t = Instant::now();
+    ops.apply(USERS, &workload_pod("plain", "", "      limits: {memory: 64Mi}"));
+    let plain = ops.wait_running(USERS, "plain").await.max(t.elapsed());
+    ops.kubectl(&["apply", "-n", USERS, "-k", "daemonset/examples"]);
+    let t = Instant::now();
+    let notebook = ops.wait_running(USERS, "notebook").await.max(t.elapsed());
+    steps.say(&format!(
+        "first MIG pod Running: notebook {:.2} s after creation; a pod without claims {:.2} s; ratio {:.1}",
+        notebook.as_secs_f64(),
+        plain.as_secs_f64(),
+        notebook.as_secs_f64() / plain.as_secs_f64()
+    ));
+
+    // The notebook sees exactly its MIG device, and the metadata file says what it got.
+    let claim = ops.claim_of(USERS, "notebook");
+    let device = &claim["status"]["devices"][0];
+    let mig_uuid = device["data"]["migUUID"].as_str().unwrap_or_else(|| panic!("no migUUID: {device}")).to_string();
+    let inside = ops.exec(USERS, "notebook", "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; ls /dev");
+    assert!(inside.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}\n")), "{inside}");
+    let gpus: Vec<&str> = inside
+        .split_whitespace()
+        .filter(|w| w.starts_with("nvidia") && w[6..].chars().all(|c| c.is_ascii_digit()) && w.len() > 6)
+        .collect();
+    assert_eq!(gpus.len(), 1, "exactly one GPU node in the notebook: {inside}");
+    for n in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
+        assert!(inside.split_whitespace().any(|w| w == n), "{n} missing in the notebook: {inside}");
+    }
+    let caps = ops.exec(USERS, "notebook", "ls /dev/nvidia-caps");
+    assert_eq!(caps.split_whitespace().filter(|w| w.starts_with("nvidia-cap")).count(), 2, "two caps: {caps}");
+    let metadata = ops.exec(USERS, "notebook", "cat /var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/*/*/mig.slinky.slurm.net-metadata.json");
+    for want in [mig_uuid.as_str(), "slurmGpuIndex", "slurmShards"] {
+        assert!(metadata.contains(want), "{want} not in the notebook's metadata file: {metadata}");
+    }
+    assert_eq!(instances(&node).len(), 1, "one instance for the notebook");
+    steps.say(&format!("notebook: {mig_uuid}, its device nodes only, metadata with the Slurm index"));
+
+    // A pod written for NVIDIA's device plugin: no claim, an extended resource (KEP-5004).
+    ops.apply(USERS, &workload_pod("device-plugin-style", "", "      limits: {nvidia.com/mig-1g.10gb: 1}"));
+    ops.wait_running(USERS, "device-plugin-style").await;
+    let env = ops.exec(USERS, "device-plugin-style", "echo $NVIDIA_VISIBLE_DEVICES");
+    assert!(env.trim().starts_with("MIG-"), "{env}");
+    assert_eq!(instances(&node).len(), 2);
+    steps.say(&format!("device-plugin pod (nvidia.com/mig-1g.10gb: 1): {}", env.trim()));
+
+    // A whole GPU on the MIG-off A100.
+    ops.apply(USERS, &claim_pod("trainer", "gpu-whole"));
+    ops.wait_running(USERS, "trainer").await;
+    let env = ops.exec(USERS, "trainer", "echo $NVIDIA_VISIBLE_DEVICES; ls /dev");
+    assert!(env.starts_with("GPU-"), "{env}");
+    steps.say(&format!("whole-GPU pod: {}", env.lines().next().unwrap_or("")));
+
+    // Admin access: the monitoring example sees every instance of GPU 0 and creates none.
+    let before = instances(&node).len();
+    ops.kubectl(&["apply", "-k", "daemonset/examples/monitoring"]);
+    let monitor = eventually("the monitoring DaemonSet's pod")
+        .within(Duration::from_secs(60))
+        .until(|| {
+            let (ok, out) =
+                ops.try_kubectl(&["get", "pods", "-n", "gpu-monitoring", "-o", "jsonpath={.items[0].metadata.name}"]);
+            if ok && !out.trim().is_empty() { Ok(out.trim().to_string()) } else { Err(out) }
+        })
+        .await;
+    ops.wait_running("gpu-monitoring", &monitor).await;
+    let seen = ops.exec("gpu-monitoring", &monitor, "ls /dev/nvidia-caps; echo $NVIDIA_VISIBLE_DEVICES");
+    assert_eq!(instances(&node).len(), before, "admin access creates no instance");
+    steps.say(&format!("admin-access monitoring pod sees: {}", seen.split_whitespace().collect::<Vec<_>>().join(" ")));
+    ops.kubectl(&["delete", "-k", "daemonset/examples/monitoring", "--wait=true", "--timeout=90s"]);
+
+    // Each pod deleted: unprepared, instance gone, spec and metadata removed.
+    for pod in ["device-plugin-style", "trainer"] {
+        ops.kubectl(&["delete", "pod", "-n", USERS, pod, "--wait=true", "--timeout=90s"]);
+    }
+    eventually("only the notebook's claim left prepared")
+        .within(Duration::from_secs(60))
+        .explain(|| ops.explain(USERS, "notebook"))
+        .until(|| {
+            let p = prepared(&node);
+            if p.0.len() == 1 && p.1.len() == 1 && p.2.len() == 1 { Ok(()) } else { Err(format!("{p:?}")) }
+        })
+        .await;
+    steps.say("deleted pods: unprepared, their instances, specs and metadata gone");
+
+    // Lifecycle: the migdra container killed; the kubelet restarts it and the notebook keeps its device.
+    let ds_pod = ops.kubectl(&["get", "pods", "-n", CHART_NS, "-o", "jsonpath={.items[0].metadata.name}"]);
+    let restarts = |ops: &Ops| {
+        ops.kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            CHART_NS,
+            ds_pod.trim(),
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ])
+    };
+    let out = node.crictl(&["ps", "--name", "migdra", "-q"]);
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let inspect: Value = serde_json::from_slice(&node.crictl(&["inspect", &id]).stdout).unwrap();
+    let pid = inspect["info"]["pid"].as_u64().unwrap_or_else(|| panic!("no pid: {inspect}"));
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    eventually("the migdra container restarted and Ready")
+        .within(Duration::from_secs(90))
+        .explain(|| ops.explain(CHART_NS, ds_pod.trim()))
+        .until(|| {
+            restarts(&ops).trim() == "1"
+                && ops.try_kubectl(&["-n", CHART_NS, "rollout", "status", "daemonset/migdra", "--timeout=1s"]).0
+        })
+        .await;
+    assert_eq!(instances(&node).len(), 1, "the notebook's instance survives the plugin's crash");
+    steps.say("migdra container killed: restarted by the kubelet, Ready, the notebook's instance kept");
+
+    // The kubelet restarted, then containerd: pods go on, the notebook keeps its device.
+    node.restart_kubelet();
+    assert_eq!(ops.device_inside(USERS, "notebook").await, mig_uuid);
+    node.restart_containerd();
+    assert_eq!(ops.device_inside(USERS, "notebook").await, mig_uuid);
+    assert_eq!(instances(&node).len(), 1, "no instance made or lost by the restarts");
+    steps.say("kubelet and containerd restarted: the notebook runs with its device");
+
+    // helm upgrade rolls the DaemonSet (maxSurge: the new pod registers beside the old one) while
+    // the notebook runs, and a pod created during the roll is prepared by whichever answers.
+    ops.upgrade(&["--set", "podAnnotations.rolled=once"]);
+    ops.apply(USERS, &claim_pod("during-roll", "mig-1g-10gb"));
+    ops.rollout();
+    ops.wait_running(USERS, "during-roll").await;
+    assert_eq!(ops.device_inside(USERS, "notebook").await, mig_uuid);
+    assert_eq!(instances(&node).len(), 2, "the notebook's and the new pod's instances");
+    steps.say("helm upgrade rolled the DaemonSet: the notebook kept its device, a pod created during the roll runs");
+
+    // Ready means publishing: a roll to pods that cannot reach the API server (a wrong port)
+    // never becomes Ready, the old pod keeps serving, and the probe says which address failed.
+    let revision =
+        ops.kubectl(&["get", "secret", "-n", CHART_NS, "-l", "owner=helm,name=migdra", "-o", "name"]).lines().count();
+    let unreachable = node.dir().join("unreachable-values.yaml");
+    std::fs::write(
+        &unreachable,
+        format!(
+            "extraEnv:\n- name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n- name: KUBERNETES_SERVICE_PORT\n  value: \"1\"\n"
+        ),
+    )
+    .unwrap();
+    ops.upgrade(&["-f", unreachable.to_str().unwrap()]);
+    let (rolled, out) = ops.try_kubectl(&["-n", CHART_NS, "rollout", "status", "daemonset/migdra", "--timeout=25s"]);
+    assert!(!rolled, "a DaemonSet that cannot publish rolled out: {out}");
+    let probe = eventually("the readiness probe's failure on the new pod")
+        .within(Duration::from_secs(30))
+        .until(|| {
+            let (_, out) = ops.try_kubectl(&[
+                "get",
+                "events",
+                "-n",
+                CHART_NS,
+                "--field-selector",
+                "reason=Unhealthy",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ]);
+            if out.contains(&format!("{POD_GATEWAY}:1")) { Ok(out) } else { Err(out) }
+        })
+        .await;
+    assert_eq!(ops.device_inside(USERS, "notebook").await, mig_uuid);
+    ops.helm(&["rollback", "migdra", &revision.to_string(), "-n", CHART_NS]);
+    ops.rollout();
+    steps.say(&format!(
+        "a roll that cannot reach the API server stays unready ({}); rolled back",
+        excerpt(&probe, "publishing ResourceSlices to")
+    ));
+
+    assert_eq!(ops.failed_prepares(), Vec::<String>::new(), "no prepare failed before the reboot");
+
+    // A node reboot: every process gone, /run (CDI specs, containerd's state) gone, the simulated
+    // GPUs rebooted (no instances, a new boot ID). The pods come back with their claims prepared
+    // again.
+    let sim_state = node.sim_state();
+    node.reboot(|| {
+        let out = support::command::migdra().args(["sim", "reboot", "--sim-state"]).arg(&sim_state).output().unwrap();
+        assert!(out.status.success(), "migdra sim reboot: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    for pod in ["notebook", "during-roll"] {
+        assert!(ops.device_inside(USERS, pod).await.starts_with("MIG-"));
+    }
+    eventually("both claims' instances re-created after the reboot")
+        .within(Duration::from_secs(60))
+        .until(|| {
+            let p = prepared(&node);
+            if p.0.len() == 2 && p.1.len() == 2 { Ok(()) } else { Err(format!("{p:?}")) }
+        })
+        .await;
+    steps.say("node rebooted: pods back, claims prepared again on the new boot");
+
+    // No prepare failed anywhere in the lifecycle. After the reboot the kubelet starts the pods
+    // before migdra's pod has registered and says so; that is the kubelet's order of start, and
+    // it retries. Any other failure is migdra's.
+    let failed = ops.failed_prepares();
+    let waited = failed.iter().filter(|m| m.ends_with("DRA driver mig.slinky.slurm.net is not registered")).count();
+    let others: Vec<&String> = failed.iter().filter(|m| !m.ends_with("is not registered")).collect();
+    assert!(others.is_empty(), "failed prepares: {others:?}");
+    steps
+        .say(&format!("no prepare failed; {waited} kubelet retries waited for migdra's registration after the reboot"));
+
+    // Bad input on a real node: the driver's control node is missing. The prepare fails in one
+    // line naming it, shown on the pod, and leaves nothing; once the node is back, the kubelet's
+    // retry succeeds.
+    let before = prepared(&node);
+    let rm = node.in_node(Path::new("rm")).arg("/dev/nvidiactl").status().unwrap();
+    assert!(rm.success(), "rm /dev/nvidiactl in the node");
+    ops.apply(USERS, &claim_pod("no-driver", "mig-1g-10gb"));
+    let why = eventually("the failed prepare on the pod")
+        .within(Duration::from_secs(60))
+        .every(Duration::from_millis(200))
+        .explain(|| ops.explain(USERS, "no-driver"))
+        .until(|| {
+            let (_, out) = ops.try_kubectl(&[
+                "get",
+                "events",
+                "-n",
+                USERS,
+                "--field-selector",
+                "involvedObject.name=no-driver,reason=FailedPrepareDynamicResources",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ]);
+            if out.contains("dev/nvidiactl does not exist") { Ok(out) } else { Err(out) }
+        })
+        .await;
+    assert_eq!(prepared(&node), before, "a failed prepare leaves nothing behind");
+    let phase = ops.kubectl(&["get", "pod", "-n", USERS, "no-driver", "-o", "jsonpath={.status.phase}"]);
+    assert_eq!(phase, "Pending", "{why}");
+    let mknod =
+        node.in_node(Path::new("mknod")).args(["-m", "0666", "/dev/nvidiactl", "c", "195", "255"]).status().unwrap();
+    assert!(mknod.success());
+    ops.wait_running(USERS, "no-driver").await;
+    ops.kubectl(&["delete", "pod", "-n", USERS, "no-driver", "--wait=true", "--timeout=90s"]);
+    steps.say(&format!(
+        "missing /dev/nvidiactl: the prepare failed in one line on the pod ({}), nothing left; the retry ran once it was back",
+        excerpt(&why, "dev/nvidiactl")
+    ));
+
+    // Drain: every pod evicted but the DaemonSet's, every instance destroyed.
+    ops.kubectl(&["drain", NODE_NAME, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s"]);
+    eventually("nothing prepared after the drain")
+        .within(Duration::from_secs(60))
+        .until(|| {
+            let p = prepared(&node);
+            if p.0.is_empty() && p.1.is_empty() && p.2.is_empty() { Ok(()) } else { Err(format!("{p:?}")) }
+        })
+        .await;
+    ops.kubectl(&["uncordon", NODE_NAME]);
+    steps.say("drained: every instance, spec and metadata file gone");
+
+    drop(node);
+    drop(cp);
+    let left = kubenode::leftovers();
+    assert!(left.is_empty(), "the node left behind: {left:?}");
+    steps.say("node torn down: no cgroups, no bridge, no mounts left");
+}
+
+/// `hack/node-up.sh`: the cluster of the test above, left running for a person with kubectl
+/// until `hack/node-down.sh` asks it to stop (the file `stop` in `$MIGDRA_NODE_UP_DIR`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "brings a node up for hack/node-up.sh and waits for hack/node-down.sh; not a test"]
+#[allow(clippy::print_stdout)] // what a person needs to use it
+async fn node_up() {
+    let dir = PathBuf::from(std::env::var_os("MIGDRA_NODE_UP_DIR").expect("MIGDRA_NODE_UP_DIR: run hack/node-up.sh"));
+    let steps = Steps(Instant::now());
+    let Cluster { cp, node, ops } = bring_up(&steps).await;
+    ops.kubectl(&["create", "namespace", USERS]);
+    std::fs::copy(cp.kubeconfig(), dir.join("kubeconfig")).unwrap();
+    std::fs::write(dir.join("kubectl"), ops.kubectl.display().to_string()).unwrap();
+    std::fs::write(dir.join("node-dir"), node.dir().display().to_string()).unwrap();
+    std::fs::write(dir.join("up"), "").unwrap();
+    steps.say("up; hack/node-down.sh stops it");
+    while !dir.join("stop").exists() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(node);
+    drop(cp);
+    let left = kubenode::leftovers();
+    assert!(left.is_empty(), "the node left behind: {left:?}");
+    steps.say("down");
+}
