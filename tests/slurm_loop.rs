@@ -3,7 +3,11 @@
 //! and `migdra serve` on simulated H100s, with the test playing slurm-bridge's part the way its
 //! documented flow does (docs/bridge-contract.md, "The loop, step by step"):
 //!
-//! 1. a Slurm job reserves the shards a profile stands for (`--gres=shard:N`); Slurm picks GPU k;
+//! 1. a Slurm job reserves the shards a profile stands for (`shard:N`); Slurm picks GPU k. On
+//!    Slurm 26.05 the test makes slurm-bridge's own calls to slurmrestd v0.0.44: `POST job/submit`
+//!    of an external job (`EXTERNAL_JOB`, AdminComment `{"pods":["ns/name"]}`), `GET
+//!    resources/{job_id}` for `gres[].index` as its PreBind reads it, `DELETE job/{job_id}` to
+//!    release; on 22.05, which has neither, `sbatch` and `scancel` stand in;
 //! 2. a claim for that profile, pinned with `slurmGpuIndex == k`, is allocated by kube-scheduler;
 //! 3. migdra creates the instance on the GPU Slurm calls k, and the claim status says k, the
 //!    shards and the MIG UUID;
@@ -16,8 +20,8 @@
 //!    4g beside the 1g, and after slurmctld's a new shard job and its claim meet on one GPU.
 //!
 //! Slurm's configuration is what `migdra slurm-conf` prints for the node. Needs root, Slurm
-//! (`hack/slurm-deps.sh`) and the control plane (`hack/build-controlplane.sh`); `hack/test.sh`
-//! provides both.
+//! (`hack/slurm-deps.sh` for 22.05, `hack/slurm-2605.sh` and `MIGDRA_SLURM_BIN` for 26.05) and the
+//! control plane (`hack/build-controlplane.sh`); `hack/test.sh` provides them and runs it on both.
 
 #![allow(clippy::print_stdout)] // the test prints each step
 
@@ -56,6 +60,8 @@ struct Loop {
     slurm_flags: Vec<String>,
     /// Device → its `slurmGpuIndex` attribute, as published.
     slurm_index: BTreeMap<String, i64>,
+    /// How the bridge's placeholders are made on this Slurm.
+    bridge: &'static str,
 }
 
 impl Loop {
@@ -167,8 +173,13 @@ impl Loop {
         assert_eq!(data["slurmShards"].as_u64(), Some(shards), "{data}");
         assert_eq!(data["migUUID"].as_str(), Some(mig_uuid.as_str()), "{data}");
         let idx = self.slurm.job_index(job);
+        let rest = if slurm::has_bridge_api() {
+            format!(", REST gres[].index {:?}", self.slurm.rest_index(job).unwrap())
+        } else {
+            String::new()
+        };
         println!(
-            "{step}: claim {name} -> {device}, {mig_uuid}; Slurm job {job} IDX:{idx} | migdra slurmGpuIndex {} ({} shard(s))",
+            "{step}: claim {name} -> {device}, {mig_uuid}; Slurm job {job} IDX:{idx}{rest} | migdra slurmGpuIndex {} ({} shard(s))",
             data["slurmGpuIndex"], data["slurmShards"]
         );
         assert_eq!(u64::from(idx), data["slurmGpuIndex"].as_u64().unwrap(), "Slurm and migdra disagree on the GPU");
@@ -229,16 +240,21 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
     let slurm_flags =
         vec!["--slurm-conf".to_string(), slurm.conf.display().to_string(), "--slurm-node-name".into(), slurm::host()];
     let (daemon, kubelet) = Loop::serve(&node, &slurm_flags).await;
-    let mut lp = Loop { kubelet, daemon, client, cp, slurm, node, slurm_flags, slurm_index: BTreeMap::new() };
+    let bridge = if slurm::has_bridge_api() {
+        "external job via slurmrestd v0.0.44, as slurm-bridge"
+    } else {
+        "batch job via sbatch: 22.05 has no external jobs"
+    };
+    let mut lp = Loop { kubelet, daemon, client, cp, slurm, node, slurm_flags, slurm_index: BTreeMap::new(), bridge };
     for d in lp.published().await.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
         let index = d.attributes.as_ref().and_then(|a| a.get("slurmGpuIndex")).and_then(|a| a.int);
         lp.slurm_index.insert(d.name.clone(), index.expect("every device carries slurmGpuIndex"));
     }
 
     // 1. The bridge's placeholder for a 1g.10gb: one shard; Slurm picks the GPU.
-    let a = lp.slurm.submit("bridge-a", "shard:1");
-    let k = lp.slurm.running_index(&a);
-    println!("step 1: Slurm job {a} (shard:1) runs on GPU IDX:{k}");
+    let a = lp.slurm.reserve(&format!("{NS}/loop-a"), "shard:1");
+    let k = lp.slurm.reserved_index(&a);
+    println!("step 1: Slurm job {a} (shard:1, {}) runs on GPU IDX:{k}", lp.bridge);
 
     // 2 and 3. The claim pinned to k is allocated there, and migdra creates it on that GPU.
     lp.claim_for("loop-a", "mig-1g.10gb", k).await;
@@ -261,8 +277,8 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
 
     // 5. A prepare that fails: the bridge's job for a 2g.20gb runs, the claim is allocated, but
     //    NVML refuses the GPU instance. The status says Ready=False; the bridge releases the job.
-    let b = lp.slurm.submit("bridge-b", "shard:2");
-    let kb = lp.slurm.running_index(&b);
+    let b = lp.slurm.reserve(&format!("{NS}/loop-b"), "shard:2");
+    let kb = lp.slurm.reserved_index(&b);
     assert_eq!(kb, k, "the only GPU serving shards");
     lp.claim_for("loop-b", "mig-2g.20gb", kb).await;
     let (cb, dev_b) = lp.bound_device("loop-b", kb).await;
@@ -274,7 +290,7 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
     assert_eq!(e["conditions"][0]["status"], "False", "{e}");
     assert_eq!(e["conditions"][0]["reason"], "PrepareFailed", "{e}");
     assert_eq!(lp.instance(&dev_b), None, "nothing half-created for the failed claim");
-    lp.slurm.cancel(&b);
+    lp.slurm.release(&b);
     println!("step 5: claim loop-b on {dev_b}: prepare failed ({err}); status Ready=False; Slurm job {b} released");
     lp.node.cli(&["sim", "fail", "--clear"]);
     lp.pods().delete("loop-b", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
@@ -291,14 +307,14 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
 
     // After the restarts: a 4g beside the 1g is granted by both schedulers on GPU k, and a 7g is
     // refused by both (Slurm: not enough free shards; Kubernetes: the counters).
-    let d = lp.slurm.submit("bridge-d", "shard:4");
-    assert_eq!(lp.slurm.running_index(&d), k);
+    let d = lp.slurm.reserve(&format!("{NS}/loop-d"), "shard:4");
+    assert_eq!(lp.slurm.reserved_index(&d), k);
     lp.claim_for("loop-d", "mig-4g.40gb", k).await;
     let dev_d = lp.prepare_ok("step 7d", "loop-d", &d, k, 4).await;
-    let e = lp.slurm.submit("bridge-e", "shard:8");
+    let e = lp.slurm.reserve(&format!("{NS}/loop-e"), "shard:8");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(lp.slurm.job_state(&e), "PENDING", "Slurm has 3 shards left on GPU {k}, not 8");
-    lp.slurm.cancel(&e);
+    lp.slurm.release(&e);
     lp.claim_for("loop-e", "mig-7g.80gb", k).await;
     match lp.outcome("loop-e").await {
         Outcome::Unschedulable(m) => {
@@ -313,8 +329,8 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
     //    waiting native job gets GPU k.
     lp.end("loop-a").await;
     lp.end("loop-d").await;
-    lp.slurm.cancel(&a);
-    lp.slurm.cancel(&d);
+    lp.slurm.release(&a);
+    lp.slurm.release(&d);
     lp.slurm.hold(&n2, false);
     let n2_idx = lp.slurm.running_index(&n2);
     assert_eq!(n2_idx, k, "native-2 takes the GPU the shards freed");
@@ -330,16 +346,16 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
     lp.slurm.restart_slurmctld();
     lp.slurm.wait_for(|s| s.job_state(&n1) == "RUNNING" && s.job_state(&n2) == "RUNNING", "native jobs after restart");
     assert_eq!((lp.slurm.job_index(&n1), lp.slurm.job_index(&n2)), (n1_idx, k), "the jobs kept their GPUs");
-    let f = lp.slurm.submit("bridge-f", "shard:1");
+    let f = lp.slurm.reserve(&format!("{NS}/loop-f"), "shard:1");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(lp.slurm.job_state(&f), "PENDING", "both GPUs are taken whole");
     lp.slurm.cancel(&n1);
-    let kf = lp.slurm.running_index(&f);
+    let kf = lp.slurm.reserved_index(&f);
     assert_eq!(kf, n1_idx, "the shard job takes the GPU native-1 freed");
     lp.claim_for("loop-f", "mig-1g.10gb", kf).await;
     lp.prepare_ok("step 7f (after the slurmctld restart)", "loop-f", &f, kf, 1).await;
     lp.end("loop-f").await;
-    lp.slurm.cancel(&f);
+    lp.slurm.release(&f);
     lp.slurm.cancel(&n2);
     assert_eq!(lp.instance_count(), 0, "no MIG instance left");
     assert!(lp.node.checkpoint().is_empty(), "no claim left in the checkpoint: {:?}", lp.node.checkpoint());

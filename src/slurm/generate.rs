@@ -4,10 +4,11 @@
 //!
 //! Two promises, both checked against the real slurmd by `tests/slurm.rs`:
 //! - **Index.** slurmd numbers GPUs type by type in slurm.conf's `Gres=` order, then in gres.conf
-//!   order within a type (the 22.05 rule, [`super::order`]). The GPUs are written in the order of
-//!   the index migdra wants for them (the administrator's map, else NVML order, which is what
-//!   `AutoDetect=nvml` would give), one `File=` each, types in order of first use, so Slurm's
-//!   index is the GPU's position, and migdra reading these files back computes the same.
+//!   order within a type (as 22.05 and 26.05 order them, [`super::order`]). The GPUs are written
+//!   in the order of the index migdra wants for them (the administrator's map, else NVML order,
+//!   which is what `AutoDetect=nvml` would give), one `File=` each, types in order of first use,
+//!   so Slurm's index is the GPU's position, and migdra reading these files back computes the
+//!   same.
 //! - **Shards.** One `Name=shard Count=S File=` record per GPU, S being exactly the `slurmShards`
 //!   migdra publishes for the whole GPU, so a Slurm job of S shards stands for one whole GPU and
 //!   a MIG profile's shards for its part.

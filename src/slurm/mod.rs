@@ -164,6 +164,9 @@ pub struct Note {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Resolution {
     pub source: Source,
+    /// The release `slurmd -V` reports, when slurmd was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// The rule the deciding source applied.
     pub rule: String,
     pub gpus: Vec<GpuSlurm>,
@@ -197,12 +200,16 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Result<Resolution, Slur
         }
     }
     let conf_present = settings.slurm_conf.exists();
+    let mut version = None;
     match settings.slurmd.as_deref().and_then(find_binary) {
-        Some(bin) if conf_present => answers.push((
-            Source::Slurmd,
-            slurmd::query(&bin, &settings.slurm_conf, &settings.node_name)
-                .and_then(|r| from_records(&r, gpus, format!("{} -G", bin.display()))),
-        )),
+        Some(bin) if conf_present => {
+            let answer = slurmd::query(&bin, &settings.slurm_conf, &settings.node_name)
+                .and_then(|r| from_records(&r, gpus, format!("{} -G", bin.display())));
+            if answer.is_ok() {
+                version = release_note(&bin, &mut notes);
+            }
+            answers.push((Source::Slurmd, answer));
+        }
         Some(_) => {}
         None => {
             if let Some(s) = &settings.slurmd {
@@ -257,6 +264,7 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Result<Resolution, Slur
     let shards = settle_shards(settings, gpus, &answers, &mut notes);
     Ok(Resolution {
         source,
+        version,
         rule: answer.rule.clone(),
         gpus: gpus
             .iter()
@@ -271,6 +279,30 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Result<Resolution, Slur
             .collect(),
         notes,
     })
+}
+
+/// Ask slurmd its release: releases migdra was not checked against get one warning that says what
+/// it assumes. `None` when slurmd does not say (the note gives the reason).
+fn release_note(bin: &Path, notes: &mut Vec<Note>) -> Option<String> {
+    let (oldest, newest) = slurmd::Release::CHECKED;
+    match slurmd::version(bin) {
+        Ok(release) if release.is_known() => Some(release.to_string()),
+        Ok(release) => {
+            notes.push(warn(format!(
+                "Slurm {release} ({} -V) is not a release migdra was checked against ({}.{:02} to {}.{:02}); assuming it numbers GPUs as those do: slurm.conf's Gres= type order, then gres.conf's file order",
+                bin.display(),
+                oldest.major,
+                oldest.minor,
+                newest.major,
+                newest.minor
+            )));
+            Some(release.to_string())
+        }
+        Err(e) => {
+            notes.push(info(format!("Slurm's release unknown: {e}")));
+            None
+        }
+    }
 }
 
 fn show(i: Option<u32>) -> String {

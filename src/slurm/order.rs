@@ -17,7 +17,8 @@ use super::slurmconf::NodeGres;
 use std::path::PathBuf;
 
 /// The rule this module applies, for logs and `migdra status`.
-pub const RULE: &str = "slurm.conf Gres= type order, then gres.conf order within a type (slurmd 22.05 rule)";
+pub const RULE: &str =
+    "slurm.conf Gres= type order, then gres.conf order within a type (as slurmd 22.05 and 26.05 order them)";
 
 /// One entry of slurmd's GPU list; its position is its Slurm index.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,12 +16,24 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// # Errors
 /// slurmd cannot be started, fails (its last line is quoted), times out, or lists no GPU.
 pub fn query(slurmd: &Path, slurm_conf: &Path, node: &str) -> Result<Vec<Record>, String> {
-    let mut child = Command::new(slurmd)
-        .arg("-G")
-        .arg("-f")
-        .arg(slurm_conf)
-        .arg("-N")
-        .arg(node)
+    let mut cmd = Command::new(slurmd);
+    cmd.arg("-G").arg("-f").arg(slurm_conf).arg("-N").arg(node);
+    let what = format!("{} -G -f {} -N {node}", slurmd.display(), slurm_conf.display());
+    let text = run(&mut cmd, slurmd, &what)?;
+    let records = parse(&text);
+    if records.is_empty() {
+        return Err(format!("{} -G lists no gpu GRES for node {node}", slurmd.display()));
+    }
+    Ok(records)
+}
+
+/// Run `cmd` (slurmd, shown in errors as `what`) for at most [`TIMEOUT`]: stdout and stderr
+/// together.
+///
+/// # Errors
+/// It cannot be started, times out, or fails (its last line is quoted).
+fn run(cmd: &mut Command, slurmd: &Path, what: &str) -> Result<String, String> {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -34,23 +46,66 @@ pub fn query(slurmd: &Path, slurm_conf: &Path, node: &str) -> Result<Vec<Record>
             Ok(None) if start.elapsed() > TIMEOUT => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{} -G did not finish in {}s", slurmd.display(), TIMEOUT.as_secs()));
+                return Err(format!("{what} did not finish in {}s", TIMEOUT.as_secs()));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
             Err(e) => return Err(format!("waiting for {}: {e}", slurmd.display())),
         }
     };
-    let output = child.wait_with_output().map_err(|e| format!("reading {} -G: {e}", slurmd.display()))?;
+    let output = child.wait_with_output().map_err(|e| format!("reading {what}: {e}"))?;
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     if !status.success() {
         let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        return Err(format!("{} -G -f {} -N {node} failed ({status}): {last}", slurmd.display(), slurm_conf.display()));
+        return Err(format!("{what} failed ({status}): {last}"));
     }
-    let records = parse(&text);
-    if records.is_empty() {
-        return Err(format!("{} -G lists no gpu GRES for node {node}", slurmd.display()));
+    Ok(text)
+}
+
+/// A Slurm release, as `slurmd -V` prints it (`slurm-wlm 26.05.5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Release {
+    pub major: u32,
+    pub minor: u32,
+    pub micro: u32,
+}
+
+impl Release {
+    /// The oldest and newest releases whose GPU order was checked against migdra's: Debian 12's
+    /// 22.05 and 26.05, the release slurm-bridge users run. Both number GPUs alike.
+    pub const CHECKED: (Self, Self) =
+        (Self { major: 22, minor: 5, micro: 0 }, Self { major: 26, minor: 5, micro: u32::MAX });
+
+    /// The last word of `slurmd -V`'s output, `major.minor.micro` (a suffix after the micro
+    /// number is ignored).
+    pub fn parse(text: &str) -> Option<Self> {
+        let word = text.split_whitespace().last()?;
+        let mut parts = word.splitn(3, '.');
+        let number = |p: Option<&str>| -> Option<u32> {
+            let p = p?;
+            let digits = p.find(|c: char| !c.is_ascii_digit()).map_or(p, |end| &p[..end]);
+            digits.parse().ok()
+        };
+        Some(Self { major: number(parts.next())?, minor: number(parts.next())?, micro: number(parts.next())? })
     }
-    Ok(records)
+
+    pub fn is_known(self) -> bool {
+        (Self::CHECKED.0..=Self::CHECKED.1).contains(&self)
+    }
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:02}.{}", self.major, self.minor, self.micro)
+    }
+}
+
+/// `slurmd -V`: the release of the Slurm on this node.
+///
+/// # Errors
+/// slurmd cannot be run, fails or prints no version.
+pub fn version(slurmd: &Path) -> Result<Release, String> {
+    let out = run(Command::new(slurmd).arg("-V"), slurmd, &format!("{} -V", slurmd.display()))?;
+    Release::parse(&out).ok_or_else(|| format!("{} -V printed no version: {}", slurmd.display(), out.trim()))
 }
 
 /// The gpu records in order, each with the shard count of the shard record on the same file.
@@ -120,6 +175,42 @@ slurmd: Gres Name=gpu Type=(null) Count=1 Index=2 ID=7696487 File=/tmp/sx/dev/nv
         assert_eq!(r[2].files.len(), 3);
         assert_eq!(r[2].shards, Some(0));
         assert!(parse("slurmd: fatal: something\n").is_empty());
+    }
+
+    /// Printed by Debian unstable's slurmd 26.05.5 (stderr, time-stamped): the same records,
+    /// with Links= and Flags= after the file, each gpu record after its file's shard record.
+    const OUTPUT_2605: &str = "\
+[2026-12-03T13:35:52.039] Node configuration differs from hardware: CPUs=32:2(hw) Boards=1:1(hw)
+[2026-12-03T13:35:52.039] Gres Name=shard Type=m3 Count=4 Index=3 ID=1918986455 File=/tmp/s26/dev/nvidia3 Cores=0-3 CoreCnt=32 Links=(null) Flags=HAS_FILE,HAS_TYPE,SHARED
+[2026-12-03T13:35:52.039] Gres Name=gpu Type=m3 Count=1 Index=3 ID=7696487 File=/tmp/s26/dev/nvidia3 Cores=0-3 CoreCnt=32 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
+[2026-12-03T13:35:52.039] Gres Name=shard Type=m0 Count=8 Index=0 ID=1918986455 File=/tmp/s26/dev/nvidia0 Links=(null) Flags=HAS_FILE,HAS_TYPE,SHARED
+[2026-12-03T13:35:52.039] Gres Name=gpu Type=m0 Count=1 Index=0 ID=7696487 File=/tmp/s26/dev/nvidia0 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
+[2026-12-03T13:35:52.039] Gres Name=shard Type=m2 Count=0 Index=2 ID=1918986455 File=/tmp/s26/dev/nvidia2 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT,SHARED
+[2026-12-03T13:35:52.039] Gres Name=gpu Type=m2 Count=1 Index=2 ID=7696487 File=/tmp/s26/dev/nvidia2 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
+";
+
+    #[test]
+    fn reads_26_05_records_too() {
+        let r = parse(OUTPUT_2605);
+        let files: Vec<&str> = r.iter().map(|r| r.files[0].to_str().unwrap()).collect();
+        assert_eq!(files, ["/tmp/s26/dev/nvidia3", "/tmp/s26/dev/nvidia0", "/tmp/s26/dev/nvidia2"]);
+        let types: Vec<Option<&str>> = r.iter().map(|r| r.gres_type.as_deref()).collect();
+        assert_eq!(types, [Some("m3"), Some("m0"), Some("m2")]);
+        let shards: Vec<Option<u32>> = r.iter().map(|r| r.shards).collect();
+        assert_eq!(shards, [Some(4), Some(8), Some(0)]);
+    }
+
+    #[test]
+    fn versions_of_both_releases_and_unknown_ones() {
+        assert_eq!(Release::parse("slurm-wlm 22.05.8\n"), Some(Release { major: 22, minor: 5, micro: 8 }));
+        assert_eq!(Release::parse("slurm 26.05.5\n"), Some(Release { major: 26, minor: 5, micro: 5 }));
+        assert_eq!(Release::parse("slurm 26.05.0-0rc1"), Some(Release { major: 26, minor: 5, micro: 0 }));
+        assert_eq!(Release::parse("slurmd: fatal: x"), None);
+        assert_eq!(Release { major: 26, minor: 5, micro: 5 }.to_string(), "26.05.5");
+        assert!(Release { major: 22, minor: 5, micro: 8 }.is_known());
+        assert!(Release { major: 25, minor: 11, micro: 3 }.is_known());
+        assert!(!Release { major: 21, minor: 8, micro: 8 }.is_known());
+        assert!(!Release { major: 26, minor: 11, micro: 0 }.is_known());
     }
 
     #[test]

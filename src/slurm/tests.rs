@@ -245,17 +245,21 @@ fn one_map_serves_every_node() {
 fn slurmd_outranks_the_emulation() {
     let mut n = Node::new();
     n.slurm("gpu:a:2,gpu:b:2", GRES);
-    // A stand-in slurmd that orders b before a, as a newer Slurm might.
-    let script = "#!/bin/sh\nfor f in 7 0 12 3; do echo \"slurmd: Gres Name=gpu Type=x Count=1 Index=$f ID=1 File=/dev/nvidia$f (null)\" >&2; done\n";
+    // A stand-in slurmd of a release migdra does not know, that orders b before a.
+    let script = "#!/bin/sh\n[ \"$1\" = -V ] && { echo 'slurm 27.11.0'; exit 0; }\nfor f in 7 0 12 3; do echo \"slurmd: Gres Name=gpu Type=x Count=1 Index=$f ID=1 File=/dev/nvidia$f (null)\" >&2; done\n";
     let bin = n.write("slurmd", script);
     std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     n.settings.slurmd = Some(bin);
     let r = n.resolve(&gpus());
     assert_eq!(r.source, Source::Slurmd, "{:?}", r.notes);
     assert_eq!(indexes(&r), [Some(3), Some(1), Some(2), Some(0)]);
+    assert_eq!(r.version.as_deref(), Some("27.11.0"));
     let w = warnings(&r);
-    assert_eq!(w.len(), 4, "{w:?}");
-    assert!(w.iter().all(|w| w.starts_with("CONFLICT: slurmd gives")), "{w:?}");
+    assert_eq!(w.len(), 5, "{w:?}");
+    assert_eq!(w.iter().filter(|w| w.starts_with("CONFLICT: slurmd gives")).count(), 4, "{w:?}");
+    let unknown = "Slurm 27.11.0 (";
+    let assumed = "not a release migdra was checked against (22.05 to 26.05); assuming";
+    assert!(w.iter().any(|w| w.starts_with(unknown) && w.contains(assumed)), "{w:?}");
 
     n.settings.slurmd = Some("no-such-slurmd-binary".into());
     let r = n.resolve(&gpus());

@@ -1,23 +1,99 @@
-//! A real Slurm on this machine: Debian's slurmctld and slurmd for one node on localhost (as root,
-//! no systemd: proctrack/linuxproc, task/none, select/cons_tres), with fake `/dev/nvidiaN`
-//! character devices for the simulated GPUs. `hack/slurm-deps.sh` installs it and starts munged.
+//! A real Slurm on this machine: slurmctld and slurmd for one node on localhost (as root, no
+//! systemd: proctrack/linuxproc, task/none, select/cons_tres), with fake `/dev/nvidiaN` character
+//! devices for the simulated GPUs. Two releases: Debian 12's 22.05 (`hack/slurm-deps.sh` installs
+//! it and starts munged) and, when `MIGDRA_SLURM_BIN` names the wrappers `hack/slurm-2605.sh`
+//! makes, Debian unstable's 26.05 in a chroot, with slurmrestd for the bridge's REST calls.
 
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const SBIN: &str = "/usr/sbin";
 
+/// The chroot's unprivileged user (`hack/slurm-2605.sh`) that is 26.05's SlurmUser here and runs
+/// slurmrestd: slurm-bridge submits as SlurmUser, the only user without slurmdbd that may set a
+/// job's AdminComment.
+pub const BRIDGE_USER: &str = "bridge";
+
+/// The wrappers of `hack/slurm-2605.sh` (Slurm 26.05 in a chroot), or `None`: Debian 12's Slurm.
+fn wrappers() -> Option<PathBuf> {
+    std::env::var_os("MIGDRA_SLURM_BIN").filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// `program` run in the release under test: inside 26.05's chroot, else on this machine.
+fn in_release(program: &str) -> Command {
+    match wrappers() {
+        Some(dir) => {
+            let mut cmd = Command::new(dir.join("run"));
+            cmd.arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
+/// `args` of a command run as [`BRIDGE_USER`] in the release under test.
+fn as_bridge(args: &[&str]) -> Command {
+    let mut cmd = in_release("setpriv");
+    cmd.args(["--reuid", BRIDGE_USER, "--regid", BRIDGE_USER, "--init-groups"]).args(args);
+    cmd
+}
+
+/// The bridge user's numeric ID, for the files of a daemon that runs as it.
+fn bridge_uid() -> String {
+    let out = in_release("id").args(["-u", BRIDGE_USER]).output().unwrap();
+    assert!(out.status.success(), "no user {BRIDGE_USER} in this Slurm's system (hack/slurm-2605.sh adds it)");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A Slurm program of the release under test: a daemon (`slurmd`, `slurmctld`, `slurmrestd`,
+/// `munged`) or a client (`sbatch`, `scontrol`, ...).
+pub fn bin(cmd: &str) -> PathBuf {
+    match wrappers() {
+        Some(dir) => dir.join(cmd),
+        None if matches!(cmd, "slurmctld" | "slurmd" | "slurmrestd" | "munged") => Path::new(SBIN).join(cmd),
+        None => PathBuf::from(cmd),
+    }
+}
+
+/// The release under test, as `slurmd -V` prints it (`26.05.5`, `22.05.8`).
+pub fn version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let out = Command::new(bin("slurmd")).arg("-V").output().map(|o| o.stdout).unwrap_or_default();
+        String::from_utf8_lossy(&out).split_whitespace().last().unwrap_or("unknown").to_string()
+    })
+}
+
+/// Whether the release has external jobs and slurmrestd v0.0.44 (Slurm 25.11 and later), which
+/// is how slurm-bridge reserves capacity.
+pub fn has_bridge_api() -> bool {
+    let mut parts = version().split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (25, 11)
+}
+
 /// Whether Slurm can run here; `Err` says what is missing.
 pub fn ready() -> Result<(), String> {
-    for bin in ["slurmctld", "slurmd", "munged"] {
-        if !Path::new(SBIN).join(bin).exists() {
-            return Err(format!("{SBIN}/{bin} is missing (bash hack/slurm-deps.sh installs Slurm)"));
+    let how = match wrappers() {
+        Some(_) => "bash hack/slurm-2605.sh makes it",
+        None => "bash hack/slurm-deps.sh installs Slurm",
+    };
+    for daemon in ["slurmctld", "slurmd", "munged"] {
+        let path = bin(daemon);
+        if !path.exists() {
+            return Err(format!("{} is missing ({how})", path.display()));
         }
     }
-    let munge = Command::new("sh").args(["-c", "munge -n | unmunge >/dev/null"]).status();
+    let munge = Command::new(bin("munge")).arg("-n").stdout(Stdio::piped()).spawn().and_then(|mut m| {
+        let stdout = m.stdout.take().expect("piped");
+        let unmunge = Command::new(bin("unmunge")).stdin(stdout).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        m.wait()?;
+        unmunge
+    });
     if !munge.is_ok_and(|s| s.success()) {
-        return Err("munged is not running (bash hack/slurm-deps.sh starts it)".into());
+        return Err(format!("munged is not running ({how} and starts it)"));
     }
     if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n")) {
         return Err("not root: slurmd runs as root here and the fake GPUs need mknod".into());
@@ -30,7 +106,10 @@ pub fn ready() -> Result<(), String> {
 #[allow(clippy::print_stdout)]
 pub fn required() -> bool {
     match ready() {
-        Ok(()) => true,
+        Ok(()) => {
+            println!("Slurm {} ({})", version(), bin("slurmd").display());
+            true
+        }
         Err(why) => {
             assert!(std::env::var("MIGDRA_REQUIRE_SLURM").as_deref() != Ok("1"), "Slurm is required here: {why}");
             println!("SKIPPED (set MIGDRA_REQUIRE_SLURM=1 to fail instead): {why}");
@@ -44,12 +123,13 @@ pub fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string()
 }
 
-/// Run a Slurm client command that must succeed; its stdout.
-pub fn run(cmd: &str, args: &[&str], conf: &Path) -> String {
-    let out = Command::new(cmd).args(args).env("SLURM_CONF", conf).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+/// Run a command that must succeed (a Slurm client: [`bin`]), with `SLURM_CONF=conf`; its stdout.
+pub fn run(cmd: impl AsRef<std::ffi::OsStr>, args: &[&str], conf: &Path) -> String {
+    let cmd = cmd.as_ref();
+    let out = Command::new(cmd).args(args).env("SLURM_CONF", conf).output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         out.status.success(),
-        "{cmd} {args:?}: {}{}",
+        "{cmd:?} {args:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -86,7 +166,7 @@ pub struct Slurm {
 impl Drop for Slurm {
     #[allow(clippy::print_stdout)] // the logs of a failing test
     fn drop(&mut self) {
-        let _ = Command::new("scancel").arg("--full").arg("-u").arg("root").env("SLURM_CONF", &self.conf).status();
+        let _ = Command::new(bin("scancel")).args(["--full", "-p", "debug"]).env("SLURM_CONF", &self.conf).status();
         // Let slurmd end the jobs' steps before it goes, so no job outlives the test.
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(10) {
@@ -123,30 +203,110 @@ impl Slurm {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let d = dir.display();
+        let slurm_user = if has_bridge_api() { BRIDGE_USER } else { "root" };
+        // Room for slurm-bridge's External dynamic nodes (`POST new/node/`) in the partition.
+        let (dynamic, nodes) = if has_bridge_api() { ("MaxNodeCount=8\n", "ALL") } else { ("", host.as_str()) };
         std::fs::write(
             &conf,
             format!(
-                "ClusterName=migdra\nSlurmctldHost={host}(127.0.0.1)\nSlurmUser=root\nSlurmdUser=root\n\
+                "ClusterName=migdra\nSlurmctldHost={host}(127.0.0.1)\nSlurmUser={slurm_user}\nSlurmdUser=root\n\
                  SlurmctldPort={port}\nSlurmdPort={}\nAuthType=auth/munge\nStateSaveLocation={d}/ctld\n\
                  SlurmdSpoolDir={d}/d\nSlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
                  SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.log\nProctrackType=proctrack/linuxproc\n\
                  TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
                  MpiDefault=none\nSwitchType=switch/none\nReturnToService=2\nSelectType=select/cons_tres\n\
                  SelectTypeParameters=CR_Core\nSchedulerParameters=bf_interval=1\nGresTypes=gpu,shard\n\
-                 SlurmdParameters=config_overrides\n\
-                 NodeName={host} NodeAddr=127.0.0.1 CPUs=32 RealMemory=20000 Gres={gres} State=UNKNOWN\n\
-                 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
+                 SlurmdParameters=config_overrides\n{dynamic}\
+                 NodeName={host} NodeAddr=127.0.0.1 CPUs=32 Sockets=4 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=20000 Gres={gres} State=UNKNOWN\n\
+                 PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP\n",
                 port + 1
             ),
         )
         .unwrap();
+        if wrappers().is_some() {
+            // Slurm 26.05's slurmd needs a cgroup plugin unless told there is none; its chroot
+            // has no systemd to delegate one.
+            std::fs::write(dir.join("cgroup.conf"), "CgroupPlugin=disabled\n").unwrap();
+        }
+        if has_bridge_api() {
+            // slurmctld runs as SlurmUser: its files are the bridge user's.
+            let uid = bridge_uid();
+            for path in [dir.join("ctld"), dir.join("slurmctld.log"), dir.join("slurmctld.pid")] {
+                if !path.exists() {
+                    std::fs::write(&path, "").unwrap();
+                }
+                run("chown", &[&uid, path.to_str().unwrap()], &conf);
+            }
+        }
         let mut slurm = Self { conf, daemons: Vec::new(), dir: dir.to_path_buf(), host, _one: one };
         slurm.spawn("slurmctld");
         std::thread::sleep(Duration::from_millis(500));
         slurm.spawn("slurmd");
         let host = slurm.host.clone();
         slurm.wait_for(|s| s.scontrol(&["show", "node", &host]).contains("State=IDLE"), "node IDLE");
+        if has_bridge_api() {
+            slurm.start_slurmrestd();
+        }
         slurm
+    }
+
+    /// slurmrestd v0.0.44 on a Unix socket, as the bridge user with `rest_auth/local`: each call
+    /// acts as that user, who is SlurmUser to slurmctld. slurmrestd refuses to run as SlurmUser,
+    /// so it reads a copy of slurm.conf that names root instead; Debian's Slurm has no
+    /// `auth/jwt`, the token slurm-bridge sends otherwise.
+    fn start_slurmrestd(&mut self) {
+        let rest = self.dir.join("rest");
+        std::fs::create_dir_all(&rest).unwrap();
+        let text = std::fs::read_to_string(&self.conf).unwrap();
+        std::fs::write(rest.join("slurm.conf"), text.replace(&format!("SlurmUser={BRIDGE_USER}"), "SlurmUser=root"))
+            .unwrap();
+        if self.dir.join("cgroup.conf").exists() {
+            std::fs::copy(self.dir.join("cgroup.conf"), rest.join("cgroup.conf")).unwrap();
+        }
+        run("chown", &[&bridge_uid(), rest.to_str().unwrap()], &self.conf);
+        let socket = format!("unix:{}", rest.join("sock").display());
+        let child = as_bridge(&["/usr/sbin/slurmrestd", "-s", "openapi/slurmctld", "-d", "v0.0.44"])
+            .args(["-a", "rest_auth/local", &socket])
+            .env("SLURM_CONF", rest.join("slurm.conf"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("slurmrestd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.daemons.push(("slurmrestd", child));
+        self.wait_for(|s| s.rest_call("GET", "ping", None).is_ok(), "slurmrestd to answer");
+    }
+
+    /// A slurmrestd v0.0.44 call as the bridge user (`path` after `/slurm/v0.0.44/`): the answer,
+    /// or `Err` with Slurm's errors when it has any.
+    pub fn rest_call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
+        let socket = self.dir.join("rest/sock");
+        let url = format!("http://localhost/slurm/v0.0.44/{path}");
+        let mut cmd = as_bridge(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "20",
+            "-X",
+            method,
+            "--unix-socket",
+            socket.to_str().unwrap(),
+            &url,
+        ]);
+        if let Some(body) = body {
+            cmd.args(["-H", "Content-Type: application/json", "--data-binary", &body.to_string()]);
+        }
+        let out = cmd.output().map_err(|e| format!("curl: {e}"))?;
+        let answer: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "{method} {path}: not JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        match answer["errors"].as_array() {
+            Some(errors) if !errors.is_empty() => Err(format!("{method} {path}: {errors:?}")),
+            _ => Ok(answer),
+        }
     }
 
     fn spawn(&mut self, daemon: &'static str) {
@@ -154,7 +314,7 @@ impl Slurm {
             "slurmctld" => vec!["-D", "-i"],
             _ => vec!["-D", "-N", &self.host],
         };
-        let child = Command::new(Path::new(SBIN).join(daemon))
+        let child = Command::new(bin(daemon))
             .args(&args)
             .arg("-f")
             .arg(&self.conf)
@@ -173,7 +333,7 @@ impl Slurm {
         let (_, mut old) = self.daemons.remove(i);
         let _ = Command::new("kill").arg("-TERM").arg(old.id().to_string()).status();
         let _ = old.wait();
-        let child = Command::new(Path::new(SBIN).join("slurmctld"))
+        let child = Command::new(bin("slurmctld"))
             .args(["-D", "-i", "-f"])
             .arg(&self.conf)
             .stdout(Stdio::null())
@@ -186,7 +346,7 @@ impl Slurm {
     }
 
     pub fn scontrol(&self, args: &[&str]) -> String {
-        Command::new("scontrol")
+        Command::new(bin("scontrol"))
             .args(args)
             .env("SLURM_CONF", &self.conf)
             .output()
@@ -206,7 +366,7 @@ impl Slurm {
     /// Submit a job holding `gres` (`shard:2`, `gpu:1`) and return its ID.
     pub fn submit(&self, name: &str, gres: &str) -> String {
         run(
-            "sbatch",
+            bin("sbatch"),
             &["--parsable", "-J", name, "-o", "/dev/null", &format!("--gres={gres}"), "--wrap", "sleep 600"],
             &self.conf,
         )
@@ -226,22 +386,153 @@ impl Slurm {
         self.job_index(id)
     }
 
-    /// The GPU index of a running job.
+    /// The GPU index of a running job on one GPU, as `scontrol show job -d` says.
     pub fn job_index(&self, id: &str) -> u32 {
         let text = self.scontrol(&["show", "job", "-d", id]);
-        let at = text.find("(IDX:").unwrap_or_else(|| panic!("job {id} has no IDX: {text}")) + 5;
-        let idx = &text[at..at + text[at..].find(')').unwrap()];
-        idx.parse().unwrap_or_else(|_| panic!("job {id}: IDX {idx} is not one index"))
+        match job_gpus(&text).as_deref() {
+            Ok([k]) => *k,
+            other => panic!("job {id} is not on one GPU: {other:?}\n{text}"),
+        }
     }
 
     /// Hold a pending job (`scontrol hold`), or release it again.
     pub fn hold(&self, id: &str, hold: bool) {
-        run("scontrol", &[if hold { "hold" } else { "release" }, id], &self.conf);
+        run(bin("scontrol"), &[if hold { "hold" } else { "release" }, id], &self.conf);
+    }
+
+    /// slurm-bridge's placeholder for pod `ns/name`, holding `gres` (`shard:2`): its job ID. On a
+    /// Slurm with the bridge's API, the call slurm-bridge makes (`POST job/submit` through
+    /// slurmrestd v0.0.44, as SlurmUser): an external job (`EXTERNAL_JOB`, no script) on this node,
+    /// `tres_per_node` `gres/shard:2`, AdminComment `{"pods":["ns/name"]}`, working directory
+    /// `/tmp`, not exclusive (the bridge's `exclusive=false` annotation). On 22.05, which has
+    /// neither external jobs nor that API, a batch job that sleeps, submitted with sbatch.
+    pub fn reserve(&self, pod: &str, gres: &str) -> String {
+        if !has_bridge_api() {
+            return self.submit(pod, gres);
+        }
+        self.reserve_on(&self.host, pod, gres)
+    }
+
+    /// [`Slurm::reserve`] through slurmrestd on node `node` (an External node, say).
+    pub fn reserve_on(&self, node: &str, pod: &str, gres: &str) -> String {
+        let job = serde_json::json!({"job": {
+            "name": pod,
+            "flags": ["EXTERNAL_JOB"],
+            "admin_comment": serde_json::json!({"pods": [pod]}).to_string(),
+            "current_working_directory": "/tmp",
+            "partition": "debug",
+            "nodes": "1",
+            "required_nodes": [node],
+            "tres_per_node": format!("gres/{gres}"),
+            "shared": [],
+        }});
+        let answer = self.rest_call("POST", "job/submit", Some(&job)).unwrap_or_else(|e| panic!("reserve {pod}: {e}"));
+        let id = answer["job_id"].as_u64().unwrap_or_else(|| panic!("reserve {pod}: no job_id in {answer}"));
+        let read = self.rest_call("GET", &format!("job/{id}"), None).unwrap();
+        let info = &read["jobs"][0];
+        assert!(
+            info["flags"].as_array().is_some_and(|f| f.iter().any(|f| f == "EXTERNAL_JOB")),
+            "job {id} is not external: {}",
+            info["flags"]
+        );
+        assert_eq!(info["admin_comment"], job["job"]["admin_comment"], "job {id}'s AdminComment");
+        id.to_string()
+    }
+
+    /// GPU indexes of a running job, as slurm-bridge's PreBind reads them: `GET resources/{id}`.
+    pub fn rest_index(&self, id: &str) -> Result<Vec<u32>, String> {
+        rest_gpus(&self.rest_call("GET", &format!("resources/{id}"), None)?)
+    }
+
+    /// The GPU index of the bridge's running placeholder, as its PreBind reads it: slurmrestd's
+    /// `GET resources/{job_id}`, `nodes[].gres[].index` (retried while Slurm says the job is not
+    /// running yet); on 22.05, `scontrol show job -d`'s IDX. Either must name one GPU, the one
+    /// [`Slurm::job_index`] gives.
+    pub fn reserved_index(&self, id: &str) -> u32 {
+        self.wait_for(|s| s.job_state(id) == "RUNNING", &format!("job {id} RUNNING"));
+        if !has_bridge_api() {
+            return self.job_index(id);
+        }
+        let gpus = self.rest_index(id).unwrap_or_else(|e| panic!("job {id}: {e}"));
+        let [k] = gpus[..] else { panic!("job {id} is not on one GPU: {gpus:?}") };
+        assert_eq!(self.job_index(id), k, "slurmrestd and scontrol disagree on job {id}'s GPU");
+        k
+    }
+
+    /// The bridge releases its placeholder: `DELETE job/{id}` through slurmrestd (22.05:
+    /// `scancel`); waits until it is gone.
+    pub fn release(&self, id: &str) {
+        if !has_bridge_api() {
+            return self.cancel(id);
+        }
+        self.rest_call("DELETE", &format!("job/{id}"), None).unwrap_or_else(|e| panic!("release {id}: {e}"));
+        self.wait_for(|s| !matches!(s.job_state(id).as_str(), "RUNNING" | "COMPLETING" | "PENDING"), "job released");
     }
 
     /// Cancel a job, as slurm-bridge releases its placeholder, and wait until it is gone.
     pub fn cancel(&self, id: &str) {
-        run("scancel", &[id], &self.conf);
+        run(bin("scancel"), &[id], &self.conf);
         self.wait_for(|s| !matches!(s.job_state(id).as_str(), "RUNNING" | "COMPLETING" | "PENDING"), "job cancelled");
     }
+}
+
+/// The GPU indexes a job holds, from `scontrol show job -d`'s per-node `GRES=`. Both releases print
+/// a `gpu` job as `GRES=gpu:h100:1(IDX:1)`; a `shard` job is `GRES=shard:2(IDX:0)` on 22.05, and
+/// on 26.05 the job's shards of each GPU in index order, `GRES=shard:2(0/8,2/8)`.
+///
+/// # Errors
+/// No `GRES=` with either form: the text and what was expected.
+pub fn job_gpus(detail: &str) -> Result<Vec<u32>, String> {
+    let mut gpus = Vec::new();
+    for gres in detail.split_whitespace().filter_map(|w| w.strip_prefix("GRES=")) {
+        for item in gres.split_inclusive(')') {
+            let Some((_, inner)) = item.trim_start_matches(',').split_once('(') else { continue };
+            let inner = inner.trim_end_matches(')');
+            if let Some(list) = inner.strip_prefix("IDX:") {
+                gpus.extend(indexes(list)?);
+            } else {
+                for (k, per_gpu) in inner.split(',').enumerate() {
+                    let counts = per_gpu.split_once('/').map(|(u, t)| (u.parse::<u32>(), t.parse::<u32>()));
+                    match counts {
+                        Some((Ok(0), Ok(_))) => {}
+                        Some((Ok(_), Ok(_))) => gpus.push(k as u32),
+                        _ => return Err(format!("GRES {gres}: {per_gpu} is neither IDX:k nor used/total")),
+                    }
+                }
+            }
+        }
+    }
+    if gpus.is_empty() {
+        return Err("no GRES=...(IDX:k) or GRES=...(used/total,...) in the job".into());
+    }
+    gpus.sort_unstable();
+    gpus.dedup();
+    Ok(gpus)
+}
+
+/// The GPU indexes of slurmrestd's `GET /slurm/v0.0.44/resources/{job_id}` answer, as slurm-bridge
+/// reads them: `nodes[].gres[].index` of the `gpu` and `shard` entries, a Slurm range ("0", "0-1,3").
+///
+/// # Errors
+/// An entry without an index (count-only GRES, Slurm records with no `File=`) or a bad range.
+pub fn rest_gpus(resources: &Value) -> Result<Vec<u32>, String> {
+    let mut gpus = Vec::new();
+    let nodes = resources["nodes"].as_array().ok_or_else(|| format!("no nodes[] in {resources}"))?;
+    for gres in nodes.iter().flat_map(|n| n["gres"].as_array().into_iter().flatten()) {
+        if !matches!(gres["name"].as_str(), Some("gpu" | "shard")) {
+            continue;
+        }
+        let index = gres["index"].as_str().filter(|i| !i.is_empty());
+        let index = index.ok_or_else(|| format!("GRES {gres} has no index: Slurm gave a count, not GPUs"))?;
+        gpus.extend(indexes(index)?);
+    }
+    gpus.sort_unstable();
+    gpus.dedup();
+    Ok(gpus)
+}
+
+/// A Slurm index list (`0`, `0-2,5`), expanded as slurmd expands host lists.
+fn indexes(list: &str) -> Result<Vec<u32>, String> {
+    let expanded = migdra::slurm::hostlist::expand(&format!("[{list}]"))?;
+    expanded.iter().map(|i| i.parse().map_err(|_| format!("{i} (in {list}) is not a GPU index"))).collect()
 }
