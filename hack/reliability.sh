@@ -47,6 +47,8 @@ out_dir="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$out_dir"
 printf '%s\n\n' "$table" | tee "$out_dir/reliability.md"
 echo "($(grep -c '^FIGURE' "$log") figures; tests and fuzzing took ${took}s; fuzzing ${fuzz_seconds}s per target)"
+# Each test binary's result line, for hack/test.sh's count.
+grep '^test result:' "$log" || true
 
 # The counts that must be zero, wherever a row names them.
 bad="$(awk -F '\t' '$1 == "FIGURE" && ($3 ~ /leaked|double|stuck|left state behind|without their instance/) {

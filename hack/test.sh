@@ -9,15 +9,36 @@ cd "$(dirname "$0")/.."
 # once and cached outside the repo; see hack/matrix.sh.
 # shellcheck source=hack/matrix.sh
 source hack/matrix.sh
+# tests/node.rs runs migdra's image on a real node: the one .ci/run built, else build it here.
+if [[ -z ${MIGDRA_IMAGE_ARCHIVE:-} ]]; then
+  MIGDRA_IMAGE_ARCHIVE=$(bash hack/build-image.sh | tail -n 1)
+  export MIGDRA_IMAGE_ARCHIVE
+fi
+# Slurm 26.05 for the whole suite unless MIGDRA_SLURM_BIN is set (empty: Debian 12's 22.05).
+export MIGDRA_SLURM_BIN=${MIGDRA_SLURM_BIN-$MIGDRA_SLURM_2605_BIN}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-echo "=== every test, control plane $("$MIGDRA_CONTROLPLANE_BIN/kube-apiserver" --version)"
-cargo test --locked --workspace --features migdra/crash-points --lib --bins --tests -- --show-output 2>&1 | tee "$log"
+echo "=== every test, control plane $("$MIGDRA_CONTROLPLANE_BIN/kube-apiserver" --version), Slurm $("${MIGDRA_SLURM_BIN:-/usr/sbin}/slurmd" -V)"
+# Every test target but the reliability suite and the fuzz targets: hack/reliability.sh runs those
+# once, below, bounded in time and with its table of figures.
+targets=()
+for file in tests/*.rs; do
+  name=$(basename "$file" .rs)
+  [[ $name == fuzz ]] || targets+=(--test "$name")
+done
+cargo test --locked --workspace --features migdra/crash-points --lib --bins "${targets[@]}" -- --show-output 2>&1 | tee "$log"
 for var in MIGDRA_CONTROLPLANE_136_BIN MIGDRA_CONTROLPLANE_134_BIN; do
   [[ ${!var} != "$MIGDRA_CONTROLPLANE_BIN" ]] || continue
   echo "=== tests/controlplane.rs, control plane $("${!var}/kube-apiserver" --version)"
   MIGDRA_CONTROLPLANE_BIN=${!var} cargo test --locked --workspace --features migdra/crash-points \
     --test controlplane -- --show-output 2>&1 | tee -a "$log"
 done
+if [[ -n $MIGDRA_SLURM_BIN ]]; then
+  echo "=== tests/slurm.rs and tests/slurm_loop.rs, Slurm $(/usr/sbin/slurmd -V) (Debian 12)"
+  MIGDRA_SLURM_BIN='' cargo test --locked --workspace --features migdra/crash-points \
+    --test slurm --test slurm_loop -- --show-output 2>&1 | tee -a "$log"
+fi
+echo "=== the reliability suite and the fuzz targets (hack/reliability.sh)"
+bash hack/reliability.sh 2>&1 | tee -a "$log"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"

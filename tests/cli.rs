@@ -464,6 +464,19 @@ fn slurm_conf_prints_the_lines_slurm_needs_and_refuses_bad_values() {
     assert!(e.contains("--dev-root \"dev\"") && e.contains("absolute path"), "{e}");
 }
 
+/// `--host-root` is an absolute directory or `none`; anything else is refused before any work.
+#[test]
+fn host_root_is_absolute_or_none() {
+    let out = migdra(&["--host-root", "dev", "layout", "--sim", "h100-80gb:1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("\"dev\": expected an absolute directory") && err.contains("or none"), "{err}");
+    for ok in ["none", "/"] {
+        let out = migdra(&["--host-root", ok, "layout", "--sim", "h100-80gb:1"]);
+        assert!(out.status.success(), "{ok}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 /// An administrator's map that points two of this node's GPUs at one Slurm index: every command
 /// that reads it refuses with one line naming both GPUs and the index, and `serve` stops before
 /// it writes or publishes anything.
