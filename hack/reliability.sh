@@ -9,7 +9,7 @@
 #   RELIABILITY_TIMEOUT=600 (default 540) bounds the whole test run.
 #
 # Needs root for the state-directory outage (it mounts a small tmpfs); without it that row says
-# "not run". The table goes to stdout and to reliability.md in cargo's target directory.
+# "not run" and the test prints SKIPPED, or fails under MIGDRA_REQUIRE_ROOT=1. The table goes to stdout and to reliability.md in cargo's target directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,8 +47,8 @@ out_dir="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$out_dir"
 printf '%s\n\n' "$table" | tee "$out_dir/reliability.md"
 echo "($(grep -c '^FIGURE' "$log") figures; tests and fuzzing took ${took}s; fuzzing ${fuzz_seconds}s per target)"
-# Each test binary's result line, for hack/test.sh's count.
-grep '^test result:' "$log" || true
+# Each test binary's result line and each skip, for hack/test.sh's count.
+grep -E '^(test result:|SKIPPED)' "$log" || true
 
 # The counts that must be zero, wherever a row names them.
 bad="$(awk -F '\t' '$1 == "FIGURE" && ($3 ~ /leaked|double|stuck|left state behind|without their instance/) {

@@ -20,6 +20,8 @@
 
 #[path = "support/render.rs"]
 mod render;
+#[path = "support/skip.rs"]
+mod skip;
 
 use clap::CommandFactory;
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};

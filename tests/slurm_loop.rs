@@ -237,8 +237,15 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
     apply(&client, &repo().join("daemonset/base/deviceclasses.yaml"), NS).await;
 
     let node = node.kubeconfig(cp.kubeconfig().to_path_buf());
-    let slurm_flags =
-        vec!["--slurm-conf".to_string(), slurm.conf.display().to_string(), "--slurm-node-name".into(), slurm::host()];
+    // The slurmd of the release under test, never whichever is on PATH.
+    let slurm_flags = vec![
+        "--slurm-conf".to_string(),
+        slurm.conf.display().to_string(),
+        "--slurm-node-name".into(),
+        slurm::host(),
+        "--slurmd".into(),
+        slurm::bin("slurmd").display().to_string(),
+    ];
     let (daemon, kubelet) = Loop::serve(&node, &slurm_flags).await;
     let bridge = if slurm::has_bridge_api() {
         "external job via slurmrestd v0.0.44, as slurm-bridge"

@@ -69,6 +69,7 @@ impl<'a> Serve<'a> {
         let node = self.node;
         let mut cmd = super::command::migdra();
         cmd.arg("serve").args(node.flags()).arg("--registry-dir").arg(node.registry_dir());
+        node.without_host_slurm(&mut cmd);
         if self.quick_checks {
             cmd.args(["--health-interval", "100ms", "--socket-check", "100ms"]);
         }

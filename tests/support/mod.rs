@@ -8,6 +8,7 @@
 //! - [`eventually`]: poll a condition until a deadline, failing with what was awaited.
 //! - [`logs`]: the tail of a child's log for a failure message.
 //! - [`rng`]: a deterministic generator for storms and churn.
+//! - [`skip`]: what a test that cannot run here prints, or the failure `MIGDRA_REQUIRE_*` asks for.
 //! - [`render`]: `kustomize build` and `helm template` of daemonset/, the binaries found alike.
 //! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`],
 //!   [`slurm`], [`kubenode`]: the other side of each tier: a fake API server, a fake
@@ -33,6 +34,7 @@ pub mod logs;
 pub mod node;
 pub mod render;
 pub mod rng;
+pub mod skip;
 pub mod slurm;
 
 /// The driver name every test node publishes under (migdra's default).

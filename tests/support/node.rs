@@ -201,7 +201,15 @@ impl NodeDir {
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = migdra();
         cmd.args(args).args(self.flags());
+        self.without_host_slurm(&mut cmd);
         cmd
+    }
+
+    /// Keeps the host's Slurm out: migdra's defaults read `/etc/slurm/slurm.conf` and ask the
+    /// `slurmd` on PATH, and CI installs Slurm. A test of Slurm gives its own `--slurm-conf` and
+    /// `--slurmd`, which win over these variables.
+    pub fn without_host_slurm(&self, cmd: &mut Command) {
+        cmd.env("MIGDRA_SLURM_CONF", self.path().join("no-slurm.conf")).env("MIGDRA_SLURMD", "none");
     }
 
     /// `migdra <args>` on this node, which must succeed; its stdout.
@@ -255,6 +263,19 @@ impl NodeDir {
     /// How many CDI specs are on disk.
     pub fn cdi_specs(&self) -> usize {
         std::fs::read_dir(self.cdi_dir()).map_or(0, |d| d.count())
+    }
+
+    /// Every device metadata file under the plugin directory (paths name namespace and claim).
+    pub fn metadata_files(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() { walk(&path, out) } else { out.push(path) }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.plugin_dir().join(migdra::cdi::metadata::SUBDIR), &mut out);
+        out
     }
 
     /// Writes claim `uid`, allocated `device` of this node; the claim.

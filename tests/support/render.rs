@@ -51,7 +51,7 @@ pub const KUSTOMIZE: Tool = Tool {
 pub const HELM: Tool = Tool { name: "helm", env: "MIGDRA_HELM", go_mod_dir: "helm", module: "helm.sh/helm/v4" };
 
 /// `MIGDRA_REQUIRE_RENDERS=1`: a missing renderer fails the test instead of skipping.
-pub const REQUIRE: &str = "MIGDRA_REQUIRE_RENDERS";
+pub const REQUIRE: &str = super::skip::RENDERS;
 
 impl Tool {
     /// The binary: the variable's, else the cached build of the pinned version; `None` (after
@@ -81,8 +81,7 @@ impl Tool {
             cached.map_or_else(|| "(no cache directory)".into(), |p| p.display().to_string()),
             self.env
         );
-        assert!(std::env::var(REQUIRE).as_deref() != Ok("1"), "{} is required here ({REQUIRE}=1): {why}", self.name);
-        println!("SKIPPED (set {REQUIRE}=1 to fail instead): {why}");
+        super::skip::skip(REQUIRE, &format!("{}: {why}", self.name));
         None
     }
 
