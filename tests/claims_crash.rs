@@ -81,6 +81,7 @@ fn a_killed_process_at_every_step_converges_on_retry() {
             assert!(instances(&node).is_empty(), "{model}: leaked after a kill at {step}");
             assert_eq!(node.cli(&["claims", "-o", "json"]).trim(), "[]", "{step}: stuck claim");
             assert_eq!(node.cdi_specs(), 0, "{step}: CDI spec left");
+            assert_eq!(node.metadata_files(), Vec::<std::path::PathBuf>::new(), "{step}: device metadata left");
             tried += 1;
         }
     }

@@ -123,7 +123,8 @@ impl Cluster {
 
         let kubeconfig = if rbac { service_account_kubeconfig(&cp, NODE) } else { cp.kubeconfig().to_path_buf() };
         let node = NodeDir::new().simulate(SPEC).kubeconfig(kubeconfig);
-        let (daemon, kubelet) = node.serve().registered().await;
+        // A short resync, so that the windows where nothing may change cover full checks.
+        let (daemon, kubelet) = node.serve().args(["--resync", RESYNC_ARG]).registered().await;
         let mut cluster = Self { kubelet, daemon, client, cp, node, slurm_index: BTreeMap::new(), layout };
         let published = cluster.published(Duration::from_secs(60)).await;
         for d in published.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
@@ -627,6 +628,11 @@ async fn check_slices(cluster: &Cluster) {
     );
 }
 
+/// The daemons' `--resync` in this file, and a window where nothing may change that covers two
+/// full resyncs (a rewrite loop on resync would otherwise slip between them).
+const RESYNC_ARG: &str = "1s";
+const QUIET: Duration = Duration::from_millis(2500);
+
 /// Once published, the slices stay as they are while nothing changes: migdra and the API server
 /// agree on every field, so there is no rewrite loop.
 async fn check_slices_stay_put(cluster: &Cluster) {
@@ -637,7 +643,7 @@ async fn check_slices_stay_put(cluster: &Cluster) {
             .collect()
     };
     let before = versions(&cluster.published(Duration::from_secs(30)).await);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(QUIET).await;
     let after = versions(&cluster.published(Duration::from_secs(30)).await);
     assert_eq!(before, after, "migdra keeps rewriting its slices while nothing changes\n{}", cluster.diagnostics());
 }
@@ -745,23 +751,27 @@ async fn real_scheduler_allocates_and_migdra_prepares() {
         }
     }
     assert!(bound.len() >= 5, "most of these fit on two H100s and an A100: bound {bound:?}");
-    assert!(bound.contains(&"p-direct-3g") || pending.iter().any(|(n, _)| *n == "p-direct-3g"));
     assert!(bound.contains(&"p-whole"), "the A100 is free for the whole-GPU pod");
+    // The pod that names a claim directly got that claim, not one made from a template.
+    if bound.contains(&"p-direct-3g") {
+        check_direct_claim(&cluster).await;
+    }
 
     // The kubelet ends every MIG pod: claims are deallocated, and the pending pods get their turn.
     for name in bound.iter().filter(|n| **n != "p-whole") {
         cluster.finish(name, true).await;
     }
     for (name, profile) in &pending {
-        match cluster.outcome(name, Duration::from_secs(60)).await {
-            Outcome::Bound => {
-                let devices = cluster.prepare(name).await;
-                println!("{name:12} {profile:8} bound once the others ended, prepared {devices:?}");
-            }
-            Outcome::Unschedulable(m) => {
-                panic!("{name} still unschedulable on empty GPUs: {m}\n{}", cluster.diagnostics())
-            }
+        // Waits for the binding itself: the pod's Unschedulable condition is from before the
+        // others ended, and `outcome` would return it at once.
+        if !cluster.outcome_bound_within(name, Duration::from_secs(90)).await {
+            panic!("{name} still unschedulable on empty GPUs\n{}", cluster.diagnostics())
         }
+        if *name == "p-direct-3g" {
+            check_direct_claim(&cluster).await;
+        }
+        let devices = cluster.prepare(name).await;
+        println!("{name:12} {profile:8} bound once the others ended, prepared {devices:?}");
     }
     for (name, _) in &pending {
         cluster.finish(name, true).await;
@@ -771,6 +781,20 @@ async fn real_scheduler_allocates_and_migdra_prepares() {
     let left: usize = cluster.gpus().iter().map(|g| g.instances.len()).sum();
     assert_eq!(left, 0, "MIG instances left after every pod ended");
     println!("scheduling scenario done in {:.1?} (control plane start included)", t0.elapsed());
+}
+
+/// The pod `p-direct-3g` uses the claim `direct-3g` it names: allocated 3g.40gb and reserved
+/// for that pod.
+async fn check_direct_claim(cluster: &Cluster) {
+    let claims = cluster.pod_claims("p-direct-3g").await;
+    let names: Vec<_> = claims.iter().map(|c| c.metadata.name.clone().unwrap_or_default()).collect();
+    assert_eq!(names, ["direct-3g"], "the pod names exactly that claim");
+    let status = claims[0].status.as_ref().expect("an allocated claim has a status");
+    let allocation = status.allocation.as_ref().expect("direct-3g allocated");
+    let results = allocation.devices.as_ref().and_then(|d| d.results.clone()).unwrap_or_default();
+    assert!(!results.is_empty() && results.iter().all(|r| r.device.contains("-mig-3g40gb-")), "{results:?}");
+    let reserved: Vec<_> = status.reserved_for.iter().flatten().map(|r| r.name.as_str()).collect();
+    assert_eq!(reserved, ["p-direct-3g"]);
 }
 
 /// A pod written for NVIDIA's device plugin (mixed strategy), unchanged: `nvidia.com/mig-1g.10gb: 1`
@@ -1206,7 +1230,7 @@ async fn slices_on_a_1_34_api_server_use_the_combined_layout() {
     let client = cp.client().await;
     create_node(&client, NODE).await;
     let node = NodeDir::new().simulate(SPEC).kubeconfig(cp.kubeconfig().to_path_buf());
-    let daemon = node.serve().default_intervals().spawn();
+    let daemon = node.serve().default_intervals().args(["--resync", RESYNC_ARG]).spawn();
     let explain = || format!("{}\n{}", daemon.log_tail(), cp.logs());
     let (published, _) = pool(&client, NODE, Duration::from_secs(60), explain).await;
     assert_eq!(slices::validate(&published, Layout::Combined), Vec::<String>::new());
@@ -1232,7 +1256,7 @@ async fn slices_on_a_1_34_api_server_use_the_combined_layout() {
         slices.iter().map(|s| (s.metadata.name.clone(), s.metadata.resource_version.clone())).collect()
     };
     let before = versions(&pool(&client, NODE, Duration::from_secs(30), explain).await.0);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(QUIET).await;
     let after = pool(&client, NODE, Duration::from_secs(30), explain).await.0;
     assert_eq!(before, versions(&after), "migdra keeps rewriting slices whose taints the server drops\n{}", explain());
     assert!(after.iter().flat_map(|s| s.spec.devices.iter().flatten()).all(|d| d.taints.is_none()));

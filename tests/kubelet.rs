@@ -69,6 +69,18 @@ async fn within(what: &str, timeout: Duration, f: impl FnMut() -> bool) -> Optio
     eventually(what).within(timeout).every(Duration::from_millis(5)).measure(f).await
 }
 
+/// Waits until the GPU instance at `(minor, profile ID, start)` is the only instance and has no
+/// compute instance yet: the window [`SLOW_CI`] opens, which a test acts in.
+async fn wait_for_bare_gi(node: &NodeDir, (minor, profile, start): (u64, u64, u64), log: impl Fn() -> String) {
+    let want = [(minor, profile, start, 0)];
+    let seen = eventually("the GPU instance without its compute instance")
+        .within(Duration::from_secs(5))
+        .every(Duration::from_millis(20))
+        .measure(|| node.placements() == want)
+        .await;
+    assert!(seen.is_some(), "no GPU instance {want:?} alone: {:?}\n{}", node.placements(), log());
+}
+
 /// Device name → health, from one health message.
 fn health_map(msg: &NodeWatchResourcesResponse) -> BTreeMap<String, HealthStatus> {
     msg.devices
@@ -259,7 +271,7 @@ async fn a_missing_host_device_node_fails_the_prepare_in_one_line() {
     assert_eq!(node.cdi_specs(), 0);
 
     if !support::node::make_device_nodes(host.path(), &m) {
-        println!("SKIPPED the present-nodes half: mknod refused (not root)");
+        support::skip::skip(support::skip::ROOT, "the present-nodes half: mknod refused (not root)");
         return;
     }
     assert_device(&ok_devices(&kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap(), &a), &a, &dev);
@@ -489,13 +501,12 @@ async fn sigkill_mid_prepare_converges_after_restart() {
         let (kubelet, c) = (kubelet.clone(), claim_ref(&c));
         async move { kubelet.prepare(Version::V1, &[c]).await }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_bare_gi(&node, (m[0], 5, 0), || slow.log()).await;
     assert!(!inflight.is_finished(), "the prepare should still be creating the compute instance");
     slow.kill();
     let killed = tokio::time::timeout(Duration::from_secs(5), inflight).await.unwrap().unwrap();
     assert!(killed.is_err(), "a killed daemon answered: {killed:?}");
-    let at_kill = node.placements();
-    println!("at SIGKILL the hardware held {at_kill:?}");
+    assert_eq!(node.placements(), [(m[0], 5, 0, 0)], "killed with the GPU instance and no compute instance");
     drop(slow);
 
     let daemon = node.serve().ready().await;
@@ -530,7 +541,7 @@ async fn a_client_that_hangs_up_mid_prepare() {
         let c = claim_ref(&c);
         async move { impatient.prepare(Version::V1, &[c]).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for_bare_gi(&node, (m[1], 15, 6), || daemon.log()).await;
     assert!(!call.is_finished(), "the prepare should still be in flight");
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
@@ -574,7 +585,7 @@ async fn sigterm_drains_in_flight_calls_then_exits() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for_bare_gi(&node, (m[0], 14, 4), || daemon.log()).await;
     assert!(!inflight.is_finished(), "the prepare should still be in flight");
 
     let term = Instant::now();

@@ -124,6 +124,11 @@ impl Node {
     fn cdi_files(&self) -> usize {
         std::fs::read_dir(self.dir.path().join("cdi")).map_or(0, |d| d.count())
     }
+
+    /// Claims with a device metadata directory (`<namespace>_<claim>`), which unprepare removes.
+    fn metadata_claims(&self) -> usize {
+        std::fs::read_dir(self.metadata_dir()).map_or(0, |d| d.count())
+    }
 }
 
 fn claim(uid: &str) -> ClaimRef {
@@ -180,6 +185,7 @@ fn prepare_check_unprepare(node: &Node, engine: &Engine, uid: &str, model: &GpuM
     engine.unprepare(uid).unwrap();
     assert!(node.instances().is_empty(), "{device}");
     assert_eq!(node.cdi_files(), 0);
+    assert_eq!(node.metadata_claims(), 0);
 }
 
 #[test]
@@ -240,6 +246,7 @@ fn the_newest_blackwells_prepare_every_profile_and_mig_parteds_balanced_layout()
         engine.unprepare("balanced").unwrap();
         assert!(node.instances().is_empty(), "{key}");
         assert_eq!(node.cdi_files(), 0);
+        assert_eq!(node.metadata_claims(), 0);
         assert!(engine.checkpoint().unwrap().claims.is_empty());
     }
 }
@@ -341,6 +348,7 @@ fn an_nvml_failure_at_any_step_leaves_nothing_behind_and_the_claim_can_be_retrie
         assert!(err.contains("ns/claim-f") && err.contains(&dev), "{fault}: {err}");
         assert!(node.instances().is_empty(), "{fault}: rolled back");
         assert_eq!(node.cdi_files(), 0);
+        assert_eq!(node.metadata_claims(), 0);
         assert!(engine.checkpoint().unwrap().claims.is_empty(), "{fault}");
         engine.prepare(&claim("f"), &[result(&dev)]).unwrap();
         assert_eq!(node.instances().len(), 1, "{fault}: retry succeeds");
@@ -435,6 +443,7 @@ fn a_crash_at_every_step_converges_after_restart_with_nothing_leaked() {
                 assert!(node.instances().is_empty(), "leak after crash at {} on {dev}", step.name());
                 assert!(engine.checkpoint().unwrap().claims.is_empty());
                 assert_eq!(node.cdi_files(), 0);
+                assert_eq!(node.metadata_claims(), 0, "metadata left after a crash at {}", step.name());
                 tried += 1;
             }
         }
@@ -531,6 +540,7 @@ fn a_spec_a_power_loss_emptied_lost_or_brought_back_is_repaired_or_removed() {
     let report = node.engine().recover().unwrap();
     assert_eq!(report.stale_cdi_specs_removed, ["a", "b"]);
     assert_eq!(node.cdi_files(), 0);
+    assert_eq!(node.metadata_claims(), 0);
     assert!(node.instances().is_empty());
 }
 
@@ -745,7 +755,7 @@ fn a_missing_host_device_node_fails_the_prepare_and_leaves_nothing() {
         assert_eq!(node.cdi_files(), 0, "{what}: no spec");
         let cp = engine.checkpoint().unwrap();
         assert!(cp.claims.is_empty() && cp.admin.is_empty(), "{what}: {cp:?}");
-        assert!(std::fs::read_dir(node.metadata_dir()).map_or(true, |mut d| d.next().is_none()), "{what}: metadata");
+        assert_eq!(node.metadata_claims(), 0, "{what}: metadata");
     }
     // Without a host root (the simulator's default) nothing is checked.
     node.engine().prepare(&claim("h"), &[result(&mig_name(node.minor(0), model, 9, 4))]).unwrap();
@@ -922,6 +932,7 @@ fn an_unwritable_metadata_directory_fails_the_prepare_and_leaves_nothing() {
     assert!(err.contains(&blocked.join("ns_claim-x").display().to_string()), "names the path: {err}");
     assert!(node.instances().is_empty(), "the created instance is rolled back");
     assert_eq!(node.cdi_files(), 0);
+    assert_eq!(node.metadata_claims(), 0);
     assert!(engine.checkpoint().unwrap().claims.is_empty());
     std::fs::remove_file(&blocked).unwrap();
     engine.prepare(&claim("x"), &[result(&dev)]).unwrap();
@@ -1045,7 +1056,7 @@ fn admin_access_sees_every_instance_and_creates_destroys_and_reserves_nothing() 
     for uid in ["w", "x", "full"] {
         engine.unprepare(uid).unwrap();
     }
-    assert!(node.instances().is_empty() && node.cdi_files() == 0);
+    assert!(node.instances().is_empty() && node.cdi_files() == 0 && node.metadata_claims() == 0);
 }
 
 /// What migdra refuses of admin access, each in one line with nothing left behind. A claim the

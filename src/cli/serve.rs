@@ -19,7 +19,7 @@ pub struct Args {
     /// Pod UID (downward API): socket names carry it, for seamless rolling upgrades
     #[arg(long, env = "POD_UID")]
     pub pod_uid: Option<String>,
-    /// Serve and advertise v1alpha1.DRAResourceHealth
+    /// Serve and advertise DRAResourceHealth (v1, and v1alpha1 for kubelets before 1.37)
     #[arg(long, env = "MIGDRA_HEALTH", default_value_t = true, action = clap::ArgAction::Set)]
     pub health: bool,
     /// How often device health is re-read, e.g. 1s or 250ms
@@ -31,6 +31,10 @@ pub struct Args {
     /// How often the registration socket is checked for deletion
     #[arg(long, env = "MIGDRA_SOCKET_CHECK", default_value = "1s", value_parser = crate::duration::parse)]
     pub socket_check: Duration,
+    /// How often the published ResourceSlices are compared with the API server's even when no
+    /// watch event came (drift is repaired at once when one does)
+    #[arg(long, env = "MIGDRA_RESYNC", default_value = "30s", value_parser = crate::duration::parse)]
+    pub resync: Duration,
     /// Log format: text, or one JSON object per line; a claim's lines carry its `claim` span
     /// (claim_uid, namespace, name, device)
     #[arg(long, env = "MIGDRA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -186,7 +190,8 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                     .with_status_file(publisher_status)
                     .with_events(events)
                     .with_device_order(global.node.device_order.into())
-                    .with_taints(taints, args.health_interval);
+                    .with_taints(taints, args.health_interval)
+                    .with_resync(args.resync);
                 let mut rx = stop_rx.clone();
                 publisher = Some(tokio::spawn(p.run(async move {
                     let _ = rx.wait_for(|s| *s).await;

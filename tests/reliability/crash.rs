@@ -111,7 +111,7 @@ async fn sigkill_at_every_step_converges() {
             }
             t.retries += unprepare_until_ok(&kubelet, &c, &daemon).await;
             t.leaked += node.placements().len();
-            t.stuck += node.checkpoint().len() + node.cdi_specs();
+            t.stuck += node.checkpoint().len() + node.cdi_specs() + node.metadata_files().len();
         }
     }
     let steps = Step::ALL.len();
@@ -122,6 +122,6 @@ async fn sigkill_at_every_step_converges() {
     figure(section, "kubelet calls until converged", t.retries);
     figure(section, "leaked instances", t.leaked);
     figure(section, "double allocations", t.double);
-    figure(section, "stuck claims (checkpoint or CDI left)", t.stuck);
+    figure(section, "stuck claims (checkpoint, CDI spec or metadata left)", t.stuck);
     assert_eq!((t.leaked, t.double, t.stuck), (0, 0, 0));
 }

@@ -4,7 +4,6 @@
 
 use crate::common::figure;
 use crate::support::claim::{Claim, claim_ref, uid};
-use crate::support::command::migdra;
 use crate::support::node::NodeDir;
 use crate::support::{DRIVER, NAMESPACE, NODE};
 use migdra::claims::ClaimRef;
@@ -101,23 +100,20 @@ async fn modes_and_listeners() {
     let listening = listeners_of(daemon.pid());
     drop(daemon);
 
-    let help = migdra().args(["serve", "--help"]).output().unwrap();
-    let asked = if String::from_utf8_lossy(&help.stdout).contains("--metrics-addr") {
-        let (daemon, _kubelet) = node.serve().args(["--metrics-addr", "127.0.0.1:0"]).registered().await;
-        let mut l = Vec::new();
-        for _ in 0..50 {
-            l = listeners_of(daemon.pid());
-            if !l.is_empty() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // With --metrics-addr on loopback, the one listener is on loopback.
+    let (daemon, _kubelet) = node.serve().args(["--metrics-addr", "127.0.0.1:0"]).registered().await;
+    let mut metrics = Vec::new();
+    for _ in 0..50 {
+        metrics = listeners_of(daemon.pid());
+        if !metrics.is_empty() {
+            break;
         }
-        // 0100007F:port is 127.0.0.1 as /proc/net/tcp writes it.
-        let loopback = l.iter().all(|a| a.starts_with("0100007F:"));
-        format!("{} with --metrics-addr 127.0.0.1:0 ({})", l.len(), if loopback { "loopback" } else { "NOT loopback" })
-    } else {
-        "no flag opens one".to_string()
-    };
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    drop(daemon);
+    // 0100007F:port is 127.0.0.1 as /proc/net/tcp writes it.
+    let loopback = metrics.iter().filter(|a| a.starts_with("0100007F:")).count();
+    let asked = format!("{loopback} of {} on loopback with --metrics-addr 127.0.0.1:0", metrics.len());
     let section = "security";
     figure(
         section,
@@ -131,6 +127,7 @@ async fn modes_and_listeners() {
     figure(section, "TCP listeners of `migdra serve`", format!("{} by default; {asked}", listening.len()));
     assert!(wrong.is_empty(), "{wrong:?}");
     assert!(listening.is_empty(), "{listening:?}");
+    assert_eq!((metrics.len(), loopback), (1, 1), "the metrics listener: {metrics:?}");
 }
 
 /// Claims allocated to another node's pool, another driver, nothing, or a device that does not
@@ -245,6 +242,9 @@ async fn request_sizes_are_limited() {
     let too_many = kubelet.prepare(Version::V1, &many).await.expect_err("too many claims");
     let huge = vec![ClaimRef { uid: "a".repeat(5 << 20), namespace: NAMESPACE.into(), name: "big".into() }];
     let too_big = kubelet.prepare(Version::V1, &huge).await.expect_err("a 5 MiB request");
+    assert_eq!(too_many.code(), tonic::Code::InvalidArgument, "{too_many:?}");
+    assert_eq!(too_big.code(), tonic::Code::OutOfRange, "{too_big:?}");
+    assert_eq!(too_many.message().lines().count(), 1, "one line: {:?}", too_many.message());
     assert!(daemon.running(), "{}", daemon.log());
     let kubelet = daemon.register().await;
     let r = kubelet.prepare(Version::V1, &[claim_ref(&u)]).await.unwrap();
