@@ -209,7 +209,7 @@ fn main() {
     goals(&all);
 }
 
-/// Issue 19's goals, each beside its figure from this run (where this run has the case).
+/// The scale goals, each beside its figure from this run (where this run has the case).
 fn goals(all: &[Figures]) {
     let verdict = |ok: bool| if ok { "met" } else { "missed" };
     let find = |version: &str, n: usize, layout: Layout| {

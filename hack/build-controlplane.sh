@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the control plane the end-to-end tests run against: kube-apiserver, kube-scheduler,
-# kube-controller-manager and etcd, from the Go modules pinned in hack/controlplane/go.mod and
+# kube-controller-manager and etcd, from the Go modules pinned in hack/controlplane-1.36/go.mod and
 # hack/etcd/go.mod (with their go.sum). Nothing of their code is in this repo: the go command
 # fetches it from the module proxy into its module cache.
 #
@@ -8,13 +8,13 @@
 #   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/controlplane-<k8s version>-etcd-<etcd version>/bin/
 # When all of them are there the build is skipped, so a second run takes a moment.
 # The last line printed is that bin directory; everything else goes to stderr, so
-#   bin=$(hack/build-controlplane.sh)
+#   bin=$(hack/build-controlplane.sh hack/controlplane-1.37)
 # works.
 #
-# Usage: hack/build-controlplane.sh [CONTROLPLANE_MODULE_DIR [COMPONENT...]]
-#   CONTROLPLANE_MODULE_DIR defaults to hack/controlplane; another dir of the same shape
-#   (a go.mod requiring k8s.io/kubernetes with its staging replaces) builds another version,
-#   e.g. hack/controlplane-1.34.
+# Usage: hack/build-controlplane.sh CONTROLPLANE_MODULE_DIR [COMPONENT...]
+#   CONTROLPLANE_MODULE_DIR is hack/controlplane-<release> (1.37, 1.36 or 1.34); another dir of
+#   the same shape (a go.mod requiring k8s.io/kubernetes with its staging replaces) builds
+#   another version.
 #   COMPONENTS default to all four: kube-apiserver kube-scheduler kube-controller-manager etcd;
 #   name fewer to build (and wait for) only those, e.g. `hack/controlplane-1.34 kube-apiserver`.
 # Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
@@ -22,7 +22,8 @@
 set -euo pipefail
 
 hack=$(cd "$(dirname "$0")" && pwd)
-kube_mod=$(cd "${1:-$hack/controlplane}" && pwd)
+[[ $# -ge 1 ]] || { echo "usage: $0 hack/controlplane-<release> [COMPONENT...] (e.g. hack/controlplane-1.37)" >&2; exit 2; }
+kube_mod=$(cd "$1" && pwd)
 etcd_mod=$hack/etcd
 
 me=build-controlplane

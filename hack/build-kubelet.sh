@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds migdra-kubelet, the kubelet's own plugin manager, DRA manager and the CDI library in one
-# program (hack/kubelet/main.go), which tests/kubelet_code.rs drives as the client of migdra's
+# program (hack/kubelet-1.36/main.go), which tests/kubelet_code.rs drives as the client of migdra's
 # sockets. Its Kubernetes code comes from the Go modules pinned in the module dir's go.mod and
 # go.sum, fetched by the go command into its module cache; none of it is in this repo.
 #
@@ -9,18 +9,19 @@
 # where <hash> is of the module dir's files (symlinks followed), so a changed main.go builds
 # anew and an unchanged one is not built again. The last line printed is that bin directory;
 # everything else goes to stderr, so
-#   bin=$(hack/build-kubelet.sh)
+#   bin=$(hack/build-kubelet.sh hack/kubelet-1.37)
 # works.
 #
-# Usage: hack/build-kubelet.sh [MODULE_DIR]
-#   MODULE_DIR defaults to hack/kubelet (Kubernetes 1.36); hack/kubelet-1.34 builds the same
-#   program against the kubelet code of 1.34.
+# Usage: hack/build-kubelet.sh MODULE_DIR
+#   MODULE_DIR is hack/kubelet-<release> (1.37, 1.36 or 1.34): the same program against the
+#   kubelet code of that release.
 # Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
 # GOMODCACHE, which are outside the repo by default.
 set -euo pipefail
 
 hack=$(cd "$(dirname "$0")" && pwd)
-mod=$(cd "${1:-$hack/kubelet}" && pwd)
+[[ $# -ge 1 ]] || { echo "usage: $0 hack/kubelet-<release> (e.g. hack/kubelet-1.37)" >&2; exit 2; }
+mod=$(cd "$1" && pwd)
 
 me=build-kubelet
 # shellcheck source=hack/lib.sh
@@ -32,7 +33,7 @@ kube_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit } $1
 [[ -n $kube_version ]] || die "no k8s.io/kubernetes requirement in $mod/go.mod"
 
 # Names and contents of every file in the module dir, in a fixed order; -L reads through
-# hack/kubelet-1.34/main.go, a symlink to hack/kubelet/main.go.
+# hack/kubelet-1.34/main.go, a symlink to hack/kubelet-1.36/main.go.
 hash=$(cd "$mod" && find -L . -type f ! -name '.*' | LC_ALL=C sort | while read -r f; do
 	printf '%s\n' "$f"
 	cat "$f"

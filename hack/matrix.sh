@@ -3,7 +3,7 @@
 #
 # The Kubernetes releases the tests run against: 1.37.2 (the newest), 1.36.3 and 1.34.4. Each
 # control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) is built from its
-# pinned Go modules when missing (hack/controlplane-1.37, hack/controlplane, hack/controlplane-1.34;
+# pinned Go modules when missing (hack/controlplane-1.37, hack/controlplane-1.36, hack/controlplane-1.34;
 # 8-10 minutes each when cold) and cached outside the repo; the build prints its bin directory
 # as its last line.
 # built VAR SCRIPT [MODULE]: export VAR as the bin directory SCRIPT builds (from MODULE), unless set.
@@ -14,16 +14,16 @@ built() {
   export "$1=$dir"
 }
 built MIGDRA_CONTROLPLANE_137_BIN hack/build-controlplane.sh hack/controlplane-1.37
-built MIGDRA_CONTROLPLANE_136_BIN hack/build-controlplane.sh hack/controlplane
+built MIGDRA_CONTROLPLANE_136_BIN hack/build-controlplane.sh hack/controlplane-1.36
 built MIGDRA_CONTROLPLANE_134_BIN hack/build-controlplane.sh hack/controlplane-1.34
 # The whole suite runs against the newest; tests/controlplane.rs runs again on the others below.
 export MIGDRA_CONTROLPLANE_BIN=${MIGDRA_CONTROLPLANE_BIN:-$MIGDRA_CONTROLPLANE_137_BIN}
-# tests/kubelet_code.rs drives migdra with the kubelet's own code (hack/kubelet: its plugin
+# tests/kubelet_code.rs drives migdra with the kubelet's own code (hack/kubelet-1.36: its plugin
 # manager, DRA manager and the CDI library) of 1.37, 1.36 and 1.34, each against the control plane
 # of its own release; built from pinned Go modules and cached the same way (a few minutes each when
 # cold).
 built MIGDRA_KUBELET_137_BIN hack/build-kubelet.sh hack/kubelet-1.37
-built MIGDRA_KUBELET_BIN hack/build-kubelet.sh hack/kubelet
+built MIGDRA_KUBELET_136_BIN hack/build-kubelet.sh hack/kubelet-1.36
 built MIGDRA_KUBELET_134_BIN hack/build-kubelet.sh hack/kubelet-1.34
 # tests/node.rs runs a real node: the kubelet binary and kubectl (1.37, from the control plane's
 # module set), containerd, runc and crictl; built and cached the same way (about 12 minutes cold).
@@ -37,7 +37,7 @@ for var in MIGDRA_CONTROLPLANE_137_BIN MIGDRA_CONTROLPLANE_136_BIN MIGDRA_CONTRO
   printf '  %s: %s (%s)\n' "$var" "$("${!var}/kube-apiserver" --version)" "${!var}"
 done
 echo "kubelet code:"
-for var in MIGDRA_KUBELET_137_BIN MIGDRA_KUBELET_BIN MIGDRA_KUBELET_134_BIN; do
+for var in MIGDRA_KUBELET_137_BIN MIGDRA_KUBELET_136_BIN MIGDRA_KUBELET_134_BIN; do
   printf '  %s: %s\n' "$var" "${!var}"
 done
 echo "real node (tests/node.rs): $MIGDRA_NODE_BIN"

@@ -18,6 +18,8 @@
 //! - [`packing`]: the scheduler's first fit as a model, device orders, and a churn workload to
 //!   compare them.
 //! - [`cli`]: the `migdra` subcommands.
+//! - [`duration`], [`files`], [`names`]: one parser for durations, durable writes and owned
+//!   directories, and Kubernetes' name rules: the primitives every layer above shares.
 
 pub mod cdi;
 pub mod claims;

@@ -386,7 +386,10 @@ fn device_classes_refuse_names_the_api_server_would_refuse() {
     let e = usage_error(&["device-classes", "--class-prefix", "MIG_"]);
     assert!(e.contains("MIG_1g"), "{e}");
     let e = usage_error(&["device-classes", "--extended-resource-prefix", "deviceclass.resource.kubernetes.io/"]);
-    assert!(e.contains("deviceclass.resource.kubernetes.io/mig") || e.contains("kubernetes.io"), "{e}");
+    assert!(
+        e.contains("\"deviceclass.resource.kubernetes.io/1g.5gb\"") && e.contains("Kubernetes' own resources"),
+        "{e}"
+    );
     let e = usage_error(&["device-classes", "--gpu-extended-resource", "gpu"]);
     assert!(e.contains("\"gpu\"") && e.contains("no domain"), "{e}");
     let e = usage_error(&["device-classes", "--static-mig"]);

@@ -515,3 +515,108 @@ fn slugs_and_section_numbers_follow_github_and_the_facts() {
     assert_eq!(section_number(" 2.1)."), Some(("2.1".to_string(), 4)));
     assert_eq!(section_number("N"), None);
 }
+
+/// Releases named with their patch (`1.37.2`, `v1.36.3`; Slurm's `26.05.5`) in `text`: each
+/// maximal run of digits and dots with exactly three parts, a Kubernetes minor (1.20–1.39) or a
+/// Slurm year.month (20–29, 01–12). Four-part runs (addresses) are not releases.
+fn releases_named(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut rest = line;
+        while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
+            let before = rest[..start].chars().next_back();
+            let run_len = rest[start..].find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len() - start);
+            let run = rest[start..start + run_len].trim_end_matches('.');
+            rest = &rest[start + run_len..];
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() && c != 'v') {
+                continue;
+            }
+            let parts: Vec<&str> = run.split('.').collect();
+            if parts.len() != 3 || parts.iter().any(|p| p.is_empty()) {
+                continue;
+            }
+            let (major, minor) = (parts[0], parts[1]);
+            let kubernetes = major == "1" && minor.len() == 2 && ("20".."40").contains(&minor);
+            let slurm =
+                major.len() == 2 && ("20".."30").contains(&major) && minor.len() == 2 && ("01".."13").contains(&minor);
+            if kubernetes || slurm {
+                out.push((n + 1, run.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Every Kubernetes or Slurm release a document or a doc comment names is one CI tests
+/// (`migdra::cli::tested`, which `migdra --version` prints), and that list is the one hack/ pins:
+/// the `k8s.io/kubernetes` of each `hack/controlplane-<minor>` and `hack/kubelet-<minor>` module,
+/// and the node's containerd and runc. Facts files are left out: they cite upstream releases
+/// they were read from, not what runs here.
+#[test]
+fn every_release_named_is_one_ci_tests() {
+    use migdra::cli::tested;
+    let root = root();
+    let mut failures = Vec::new();
+    let (markdown, sources) = files();
+    let mut named = 0;
+    for file in markdown.iter().chain(sources.iter().filter(|p| p.extension().is_some_and(|e| e == "rs"))) {
+        if file.starts_with("docs/facts") {
+            continue;
+        }
+        let Ok(mut text) = fs::read_to_string(root.join(file)) else { continue };
+        if file.extension().is_some_and(|e| e == "rs") {
+            // Doc comments only (they are also `--help`); literals in code are test inputs.
+            let doc = |l: &str| ["///", "//!"].iter().any(|p| l.trim_start().starts_with(p));
+            text = text.lines().map(|l| if doc(l) { l } else { "" }).collect::<Vec<_>>().join("\n");
+        }
+        for (line, release) in releases_named(&text) {
+            named += 1;
+            if !tested::KUBERNETES.contains(&release.as_str()) && !tested::SLURM.contains(&release.as_str()) {
+                failures.push(format!("{}:{line}: {release} is not a release CI tests", file.display()));
+            }
+        }
+    }
+    // The list against the pins.
+    let mut pinned = BTreeSet::new();
+    for entry in fs::read_dir(root.join("hack")).expect("hack/") {
+        let dir = entry.expect("an entry of hack/").path();
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        let Some(minor) = name.strip_prefix("controlplane-").or_else(|| name.strip_prefix("kubelet-")) else {
+            continue;
+        };
+        let go_mod = fs::read_to_string(dir.join("go.mod")).unwrap_or_default();
+        let pin = go_mod
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                l.strip_prefix("require ").unwrap_or(l).strip_prefix("k8s.io/kubernetes v")
+            })
+            .next()
+            .unwrap_or_else(|| panic!("hack/{name}/go.mod requires no k8s.io/kubernetes"))
+            .to_string();
+        if !pin.starts_with(&format!("{minor}.")) {
+            failures.push(format!("hack/{name}: pins Kubernetes {pin}, not {minor}"));
+        }
+        pinned.insert(pin);
+    }
+    let listed: BTreeSet<String> = tested::KUBERNETES.iter().map(|s| s.to_string()).collect();
+    if pinned != listed {
+        failures.push(format!("hack/ pins Kubernetes {pinned:?}; src/cli/tested.rs lists {listed:?}"));
+    }
+    let node = fs::read_to_string(root.join("hack/build-node.sh")).expect("hack/build-node.sh");
+    for (var, want) in [("containerd_version=v", tested::CONTAINERD), ("runc_version=v", tested::RUNC)] {
+        let got = node.lines().find_map(|l| l.strip_prefix(var)).unwrap_or_default();
+        if got != want {
+            failures.push(format!("hack/build-node.sh: {var}{got}, src/cli/tested.rs says {want}"));
+        }
+    }
+    assert!(named > 0, "no release named anywhere: the scan is broken");
+    assert!(failures.is_empty(), "{} releases drift:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn releases_are_found_and_addresses_are_not() {
+    let text = "run on v1.37.2 and 1.36.3, Slurm 26.05.5; not 127.0.0.1, 10.1.30.5, x1.36.3, 1.5.3 or 2026.11.30";
+    let found: Vec<String> = releases_named(text).into_iter().map(|(_, r)| r).collect();
+    assert_eq!(found, ["1.37.2", "1.36.3", "26.05.5"]);
+}

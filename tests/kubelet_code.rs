@@ -1,4 +1,4 @@
-//! migdra against the kubelet's own code, not our stand-in: `migdra-kubelet` (hack/kubelet,
+//! migdra against the kubelet's own code, not our stand-in: `migdra-kubelet` (hack/kubelet-1.36,
 //! built by `hack/build-kubelet.sh`) runs the kubelet's plugin manager and DRA manager of
 //! Kubernetes 1.37.2, 1.36.3 and 1.34.4, and the CDI library a container runtime uses, each
 //! against a real control plane of its own version (tests/support/controlplane.rs) and a real

@@ -1,6 +1,6 @@
 // Pins for building a second, older kube-apiserver (1.34, whose resource.k8s.io slices use the
 // combined layout) for the end-to-end tests: `hack/build-controlplane.sh hack/controlplane-1.34
-// kube-apiserver`. Same shape as hack/controlplane/go.mod: each staging module that
+// kube-apiserver`. Same shape as hack/controlplane-1.36/go.mod: each staging module that
 // k8s.io/kubernetes names as v0.0.0 is replaced by its published version; the list is the
 // replace block of k8s.io/kubernetes v1.34.4's go.mod.
 module migdra.local/controlplane

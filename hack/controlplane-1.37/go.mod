@@ -1,6 +1,6 @@
 // Pins for building the newest control plane (1.37: its DRA allocator skips shared-counter
 // slices of other nodes, kubernetes#138917) for the scale benchmark:
-// `hack/build-controlplane.sh hack/controlplane-1.37`. Same shape as hack/controlplane/go.mod:
+// `hack/build-controlplane.sh hack/controlplane-1.37`. Same shape as hack/controlplane-1.36/go.mod:
 // each staging module that k8s.io/kubernetes names as v0.0.0 is replaced by its published
 // version; the list is the replace block of k8s.io/kubernetes v1.37.2's go.mod.
 module migdra.local/controlplane

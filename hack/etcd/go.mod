@@ -1,6 +1,6 @@
 // Pins for building etcd for the end-to-end tests. Nothing imports this module;
 // hack/build-controlplane.sh runs `go build go.etcd.io/etcd/server/v3` inside it (that
-// package is etcd's own main). It is apart from hack/controlplane so that etcd builds
+// package is etcd's own main). It is apart from hack/controlplane-1.36 so that etcd builds
 // with the dependency versions of its own release, not Kubernetes'.
 // v3.6.8 is the etcd that Kubernetes 1.36 ships with (kubeadm's DefaultEtcdVersion).
 module migdra.local/etcd

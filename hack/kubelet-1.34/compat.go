@@ -1,6 +1,6 @@
 package main
 
-// The 1.34 side of hack/kubelet/compat.go: the DRA manager's getNode takes no context, and the
+// The 1.34 side of hack/kubelet-1.36/compat.go: the DRA manager's getNode takes no context, and the
 // plugin manager's Run takes none either.
 
 import (

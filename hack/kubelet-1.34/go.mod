@@ -1,10 +1,10 @@
 // Pins for migdra-kubelet built against the kubelet code of Kubernetes v1.34.4: the same program
-// as hack/kubelet (main.go here is a symlink to hack/kubelet/main.go; compat.go holds the two
+// as hack/kubelet-1.36 (main.go here is a symlink to hack/kubelet-1.36/main.go; compat.go holds the two
 // calls whose signatures differ), built by `hack/build-kubelet.sh hack/kubelet-1.34`.
 //
 // As in hack/controlplane-1.34/go.mod: each staging module that k8s.io/kubernetes names as
 // v0.0.0 is replaced by its published version; the list is the replace block of
-// k8s.io/kubernetes v1.34.4's go.mod. The CDI library (the same as hack/kubelet's) raises
+// k8s.io/kubernetes v1.34.4's go.mod. The CDI library (the same as hack/kubelet-1.36's) raises
 // github.com/opencontainers/runtime-spec from v1.2.0 to v1.3.0 and go.yaml.in/yaml/v3 from
 // v3.0.4 to v3.0.5, the only versions that differ from hack/controlplane-1.34.
 module migdra.local/kubelet

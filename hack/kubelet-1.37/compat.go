@@ -1,7 +1,7 @@
 package main
 
 // The calls whose signatures changed between the Kubernetes versions this program is built
-// against; this is the 1.37 side (hack/kubelet/compat.go is the 1.36 one): the plugin handler's
+// against; this is the 1.37 side (hack/kubelet-1.36/compat.go is the 1.36 one): the plugin handler's
 // methods take a context, and the pod status update a logger.
 
 import (

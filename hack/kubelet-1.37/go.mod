@@ -1,5 +1,5 @@
-// Pins for migdra-kubelet (hack/kubelet/main.go) against the kubelet code of 1.37; built by
-// `hack/build-kubelet.sh hack/kubelet-1.37`. Same shape as hack/kubelet/go.mod: each staging
+// Pins for migdra-kubelet (hack/kubelet-1.36/main.go) against the kubelet code of 1.37; built by
+// `hack/build-kubelet.sh hack/kubelet-1.37`. Same shape as hack/kubelet-1.36/go.mod: each staging
 // module that k8s.io/kubernetes names as v0.0.0 is replaced by its published version (the replace
 // block of k8s.io/kubernetes v1.37.2's go.mod).
 module migdra.local/kubelet

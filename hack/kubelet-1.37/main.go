@@ -1,1 +1,1 @@
-../kubelet/main.go
+../kubelet-1.36/main.go

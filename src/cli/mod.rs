@@ -18,6 +18,7 @@ mod slices;
 mod slurmconf;
 mod slurmflags;
 mod status;
+pub mod tested;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -26,7 +27,7 @@ pub use output::Format;
 
 /// migdra: Kubernetes DRA kubelet plugin for NVIDIA MIG GPUs.
 #[derive(Debug, Parser)]
-#[command(name = "migdra", version, about, disable_help_subcommand = true)]
+#[command(name = "migdra", version, long_version = tested::LONG_VERSION, about, disable_help_subcommand = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -126,8 +126,9 @@ impl StatusWriter {
 }
 
 /// The [`Reporter`](crate::prepare::Reporter) that writes claim status: each write is tried
-/// within a short budget on the calling (blocking) thread; if the API server is unreachable it
-/// goes on in the background with a longer one, so the kubelet's call never waits for it.
+/// within a short budget (5 s) on the calling (blocking) thread, so the status is there when the
+/// pod starts; if the API server is unreachable longer, it goes on in the background with a
+/// longer one and the kubelet's call returns.
 pub struct StatusReporter {
     writer: StatusWriter,
     events: Option<super::events::Recorder>,

@@ -127,7 +127,7 @@ pub struct Release {
 }
 
 pub const K137: Release = Release { minor: 37, env: "MIGDRA_CONTROLPLANE_137_BIN", module: "hack/controlplane-1.37" };
-pub const K136: Release = Release { minor: 36, env: "MIGDRA_CONTROLPLANE_136_BIN", module: "hack/controlplane" };
+pub const K136: Release = Release { minor: 36, env: "MIGDRA_CONTROLPLANE_136_BIN", module: "hack/controlplane-1.36" };
 pub const K134: Release = Release { minor: 34, env: "MIGDRA_CONTROLPLANE_134_BIN", module: "hack/controlplane-1.34" };
 
 /// The bin directory of `release` holding `binaries`: `$<release.env>`, else the newest patch in

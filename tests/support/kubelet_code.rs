@@ -1,8 +1,8 @@
-//! The real kubelet's code as a test client: `migdra-kubelet` (hack/kubelet/main.go) runs the
+//! The real kubelet's code as a test client: `migdra-kubelet` (hack/kubelet-1.36/main.go) runs the
 //! kubelet's plugin manager, DRA manager and the CDI library in one process, and answers one
 //! JSON line per command line (see the program's header for the protocol).
 //!
-//! - The binary comes from `$MIGDRA_KUBELET_BIN` (`$MIGDRA_KUBELET_137_BIN`, `$MIGDRA_KUBELET_134_BIN`
+//! - The binary comes from `$MIGDRA_KUBELET_136_BIN` (`$MIGDRA_KUBELET_137_BIN`, `$MIGDRA_KUBELET_134_BIN`
 //!   for the 1.37 and 1.34 builds), a directory holding `migdra-kubelet`; without it, `hack/build-kubelet.sh` is run,
 //!   which answers at once from its cache when the sources have not changed. A missing binary
 //!   or a failed build fails the test with the command to run; nothing is skipped.
@@ -27,8 +27,8 @@ pub struct Build {
 
 /// The kubelet code of Kubernetes 1.37 (hack/kubelet-1.37).
 pub const KUBELET_137: Build = Build { env: "MIGDRA_KUBELET_137_BIN", module: "hack/kubelet-1.37", controlplane: K137 };
-/// The same program on the kubelet code of 1.36 (hack/kubelet).
-pub const KUBELET_136: Build = Build { env: "MIGDRA_KUBELET_BIN", module: "hack/kubelet", controlplane: K136 };
+/// The same program on the kubelet code of 1.36 (hack/kubelet-1.36).
+pub const KUBELET_136: Build = Build { env: "MIGDRA_KUBELET_136_BIN", module: "hack/kubelet-1.36", controlplane: K136 };
 /// The same program on the kubelet code of 1.34 (hack/kubelet-1.34).
 pub const KUBELET_134: Build = Build { env: "MIGDRA_KUBELET_134_BIN", module: "hack/kubelet-1.34", controlplane: K134 };
 

@@ -107,7 +107,13 @@ pub fn ready() -> Result<(), String> {
 pub fn required() -> bool {
     match ready() {
         Ok(()) => {
-            println!("Slurm {} ({})", version(), bin("slurmd").display());
+            let v = version();
+            println!("Slurm {v} ({})", bin("slurmd").display());
+            let tested = migdra::cli::tested::SLURM;
+            assert!(
+                tested.contains(&v),
+                "Slurm {v} runs here, src/cli/tested.rs lists {tested:?}: update it and the docs"
+            );
             true
         }
         Err(why) => {

@@ -1,11 +1,11 @@
 // Pins for migdra-kubelet (main.go): the kubelet's own plugin manager and DRA manager, and the
 // CDI library, in one program that tests/kubelet_code.rs drives; built by hack/build-kubelet.sh.
 //
-// As in hack/controlplane/go.mod: k8s.io/kubernetes names its staging modules as v0.0.0 with
+// As in hack/controlplane-1.36/go.mod: k8s.io/kubernetes names its staging modules as v0.0.0 with
 // replaces into its own tree, which a consumer cannot use, so each one is replaced here by its
 // published v0.<minor>.<patch>; the list is the replace block of k8s.io/kubernetes v1.36.3's
 // go.mod. The CDI library is the one container runtimes use (containerd, CRI-O); it raises
-// go.yaml.in/yaml/v3 from v3.0.4 to v3.0.5, the only version that differs from hack/controlplane.
+// go.yaml.in/yaml/v3 from v3.0.4 to v3.0.5, the only version that differs from hack/controlplane-1.36.
 module migdra.local/kubelet
 
 go 1.26.0
