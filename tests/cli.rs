@@ -611,3 +611,57 @@ fn an_admin_access_claim_file_prepares_a_spec_and_no_instance() {
     node.cli(&["claims", "unprepare", &uid(1)]);
     assert_eq!((node.cdi_specs(), node.instances().len()), (0, 0));
 }
+
+/// `serve --kubeconfig` with a file that is missing or not a kubeconfig, or one whose context
+/// names no cluster: one line naming the file, exit 2, and nothing made or left in the daemon's
+/// directories.
+#[test]
+fn serve_refuses_a_bad_kubeconfig_in_one_line_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_yaml = dir.path().join("not-yaml");
+    std::fs::write(&not_yaml, "{ this is: [not a kubeconfig").unwrap();
+    let no_cluster = dir.path().join("no-cluster");
+    std::fs::write(
+        &no_cluster,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {cluster: gone, user: u}\nusers:\n- name: u\n  user: {}\n",
+    )
+    .unwrap();
+    for (case, path) in [("missing", dir.path().join("missing")), ("not YAML", not_yaml), ("no cluster", no_cluster)] {
+        let run = dir.path().join(format!("run-{}", case.replace(' ', "-")));
+        let (plugins, registry, state) = (run.join("plugins"), run.join("registry"), run.join("state"));
+        let (p, r, st, k) = (state_arg(&plugins), state_arg(&registry), state_arg(&state), state_arg(&path));
+        let out = migdra(&[
+            "serve",
+            "--sim",
+            "h100-80gb:1",
+            "--node-name",
+            "n1",
+            "--kubeconfig",
+            &k,
+            "--plugin-dir",
+            &p,
+            "--registry-dir",
+            &r,
+            "--state-dir",
+            &st,
+            "--slurmd",
+            "none",
+        ]);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{case}: {stderr}");
+        // A file that cannot be read is refused before anything is logged; a context without its
+        // cluster is found once the daemon builds its client, after its log says which GPUs it has.
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("migdra: error: ")).collect();
+        assert_eq!(errors, stderr.lines().last().into_iter().collect::<Vec<_>>(), "{case}: one error, last: {stderr}");
+        assert!(errors[0].starts_with(&format!("migdra: error: --kubeconfig {k}: ")), "{case}: {stderr}");
+        if case != "no cluster" {
+            assert_eq!(stderr.lines().count(), 1, "{case}: {stderr}");
+        }
+        let left: Vec<_> = [&plugins, &registry]
+            .into_iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|d| d.flatten().map(|e| e.path()))
+            .collect();
+        assert_eq!(left, Vec::<std::path::PathBuf>::new(), "{case}: files left behind");
+    }
+}

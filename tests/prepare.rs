@@ -1177,3 +1177,68 @@ fn an_admin_claim_survives_crashes_reboots_and_a_lost_checkpoint() {
     engine.unprepare("m").unwrap();
     assert!(node.instances().is_empty());
 }
+
+/// The CDI spec write fails after the GPU and compute instances exist (here a file stands where
+/// the CDI directory was): the prepare fails with one line naming the path, the instances are
+/// destroyed again, and neither the metadata nor the checkpoint keeps the claim. Once the
+/// directory is back, the retry works.
+#[test]
+fn a_cdi_write_failing_after_the_instances_exist_rolls_them_back() {
+    let node = Node::new("h100-80gb:1");
+    let reached = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let engine = node.engine().with_hook(Arc::new({
+        let reached = reached.clone();
+        move |s| reached.lock().unwrap().push(s)
+    }));
+    let cdi = node.dir.path().join("cdi");
+    if cdi.exists() {
+        std::fs::remove_dir_all(&cdi).unwrap();
+    }
+    std::fs::write(&cdi, "a file where the CDI directory should be").unwrap();
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 9, 4);
+    let err = engine.prepare(&claim("x"), &[result(&dev)]).unwrap_err().to_string();
+    println!("{err}");
+    assert!(!err.contains('\n'), "one line: {err}");
+    assert!(err.contains(&cdi.display().to_string()), "names the path: {err}");
+    let reached = reached.lock().unwrap().clone();
+    assert!(reached.contains(&Step::CiCreated) && !reached.contains(&Step::CdiWritten), "{reached:?}");
+    assert!(node.instances().is_empty(), "the GPU and compute instances are rolled back");
+    assert_eq!(node.metadata_claims(), 0);
+    assert!(engine.checkpoint().unwrap().claims.is_empty());
+    std::fs::remove_file(&cdi).unwrap();
+    std::fs::create_dir(&cdi).unwrap();
+    engine.prepare(&claim("x"), &[result(&dev)]).unwrap();
+    assert_eq!(node.instances().len(), 1);
+    assert_eq!(node.cdi_files(), 1);
+}
+
+/// Another process holds the GPU's lock past `lock_timeout`: the prepare fails with one line
+/// naming the lock file and the wait, and changes nothing; once the lock is free, the retry works.
+#[test]
+fn a_gpu_lock_held_past_the_timeout_fails_the_prepare_in_one_line() {
+    let node = Node::new("h100-80gb:1");
+    let mut opts = node.options();
+    opts.lock_timeout = std::time::Duration::from_millis(200);
+    let engine = node.engine_with(opts);
+    let lock_path = node.dir.path().join("state").join(format!("gpu-{}.lock", node.uuid(0)));
+    let holder = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).unwrap();
+    holder.lock().unwrap();
+    let model = catalog::model("h100-80gb").unwrap();
+    let dev = mig_name(node.minor(0), model, 19, 0);
+    let started = std::time::Instant::now();
+    let err = engine.prepare(&claim("y"), &[result(&dev)]).unwrap_err().to_string();
+    println!("{err} (after {:?})", started.elapsed());
+    assert!(!err.contains('\n'), "one line: {err}");
+    assert!(
+        err.contains(&lock_path.display().to_string()) && err.contains("200ms"),
+        "names the lock and the wait: {err}"
+    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200), "it waited the timeout");
+    assert!(node.instances().is_empty());
+    assert_eq!((node.cdi_files(), node.metadata_claims()), (0, 0));
+    assert!(engine.checkpoint().unwrap().claims.is_empty(), "nothing of the claim is kept");
+    holder.unlock().unwrap();
+    engine.prepare(&claim("y"), &[result(&dev)]).unwrap();
+    assert_eq!(node.instances().len(), 1);
+}

@@ -97,6 +97,11 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         )));
     }
     let taints = global.node.taint_policy()?;
+    // Read before anything is made: a kubeconfig that is missing or not YAML is bad input.
+    let kubeconfig = match global.node.kubeconfig.as_deref() {
+        Some(path) => Some((path, read_kubeconfig(path)?)),
+        None => None,
+    };
     let engine = Arc::new(backend::engine(global)?);
     for g in engine.gpus() {
         let slurm_index = g.slurm.index.map_or_else(|| "none".to_string(), |i| i.to_string());
@@ -167,7 +172,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         super::SliceLayoutFlag::Split => Some(crate::kube::slices::Layout::Split),
     };
     let publisher_status = status_file.clone();
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let state = Arc::new(PluginState::default());
         let mut publisher = None;
@@ -178,7 +183,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 Driver::new(engine.clone(), claims, state.clone())
             }
             None => {
-                let (client, server) = kube_client(global.node.kubeconfig.as_deref()).await?;
+                let (client, server) = kube_client(kubeconfig).await?;
                 tracing::info!(server = %server, "API server");
                 let handle = tokio::runtime::Handle::current();
                 let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaimSource::new(client.clone(), handle.clone()));
@@ -232,19 +237,27 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
             let _ = m.await;
         }
         served.map_err(|e| CliError::Failed(e.to_string()))
-    })?;
-    // Like the sockets: a deleted pod's file would otherwise stay in the plugin directory.
+    });
+    // Like the sockets: a deleted pod's file would otherwise stay in the plugin directory, and so
+    // would a daemon's that stopped on an error.
     let _ = std::fs::remove_file(&status_file);
+    result?;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// A client for `--kubeconfig`, or in-cluster, then `~/.kube/config`, and its server's URL.
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<(kube::Client, String), CliError> {
+fn read_kubeconfig(path: &std::path::Path) -> Result<kube::config::Kubeconfig, CliError> {
+    kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))
+}
+
+/// A client for `--kubeconfig` (already read), or in-cluster, then `~/.kube/config`, and its
+/// server's URL.
+async fn kube_client(
+    kubeconfig: Option<(&std::path::Path, kube::config::Kubeconfig)>,
+) -> Result<(kube::Client, String), CliError> {
     let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))?;
+        Some((path, kc)) => {
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))?

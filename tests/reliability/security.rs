@@ -161,6 +161,12 @@ async fn claims_not_ours_are_refused() {
     let (_daemon, kubelet) = node.serve().registered().await;
     let r = kubelet.prepare(Version::V1, &refs).await.unwrap();
     let refused = refs.iter().filter(|c| r[&c.uid].is_err()).count();
+    // Each refusal reaches the kubelet as one line that names the claim.
+    for c in &refs {
+        if let Err(e) = &r[&c.uid] {
+            assert!(!e.contains('\n') && e.contains(&c.uid), "one line naming claim {}: {e:?}", c.uid);
+        }
+    }
     let created = node.placements().len() + node.checkpoint().len() + node.cdi_specs();
     figure(
         "security",
