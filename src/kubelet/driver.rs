@@ -319,7 +319,11 @@ mod tests {
         assert_eq!(ClaimFailure::NotFound(claim).to_string(), "claim ml/c (u) is not known to the claim source");
         let lookup = ClaimError::NotAllocated { claim: ClaimRef::new("u", "ml", "c"), origin: Origin::ApiServer };
         assert_eq!(ClaimFailure::Lookup(lookup).reason(), "claim-lookup");
-        let busy = PrepareError::Busy { claim: "x".into(), device: "gpu-0".into(), source: std::io::Error::other("t") };
+        let busy = PrepareError::Busy {
+            claim: ClaimRef::new("x", "", ""),
+            device: "gpu-0".into(),
+            source: std::io::Error::other("t"),
+        };
         assert_eq!(ClaimFailure::Prepare(busy).reason(), "timeout");
     }
 }

@@ -346,12 +346,11 @@ impl Engine {
             if c.state != ClaimState::PrepareCompleted || c.needs_recreate || lost.contains(&c.uid.as_str()) {
                 continue;
             }
-            let who = super::describe_record(c);
-            let spec = self.claim_spec(&who, c).and_then(|d| {
-                self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: who.clone(), source })
+            let spec = self.claim_spec(c).and_then(|d| {
+                self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: c.claim(), source })
             });
             let state = match spec {
-                Ok(cdi::SpecState::Intact) => self.check_metadata(&who, c).map(|m| match m {
+                Ok(cdi::SpecState::Intact) => self.check_metadata(c).map(|m| match m {
                     cdi::SpecState::Intact => None,
                     cdi::SpecState::Missing => Some("metadata missing"),
                     cdi::SpecState::Altered => Some("metadata altered"),

@@ -5,9 +5,7 @@
 
 use super::instances::{destroy_gi, holds};
 use super::plan::{self, PlannedDevice};
-use super::{
-    DeviceStatusData, Engine, GpuEntry, PrepareError, PreparedDevice, Step, describe, describe_record, status_data,
-};
+use super::{DeviceStatusData, Engine, GpuEntry, PrepareError, PreparedDevice, Step, status_data};
 use crate::cdi;
 use crate::claims::{AllocationResult, Claim, ClaimRef};
 use crate::gpu::{GpuError, GpuInstance};
@@ -51,13 +49,12 @@ impl Engine {
         if plan::is_admin(claim, results, &self.opts.driver)? {
             return self.prepare_admin(claim, results);
         }
-        let who = describe(claim);
         let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
         let names: Vec<&str> = planned.iter().map(|p| p.device.as_str()).collect();
-        let ckpt = |source| PrepareError::Checkpoint { claim: who.clone(), source };
+        let ckpt = |source| PrepareError::Checkpoint { claim: claim.clone(), source };
 
         if let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(&claim.uid) {
-            same_allocation(&who, rec, &names)?;
+            same_allocation(claim, rec, &names)?;
             if rec.state == ClaimState::PrepareCompleted && !rec.needs_recreate {
                 // The kubelet asks again when a container (re)starts: the runtime will resolve the
                 // IDs we return, so the spec behind them must still be there.
@@ -66,22 +63,22 @@ impl Engine {
             }
         }
         // Only before a new prepare: a running claim is not failed because Slurm's order changed.
-        self.check_slurm_prefixes(claim, &who, &planned)?;
+        self.check_slurm_prefixes(claim, &planned)?;
         let record = self
             .store
-            .update(&self.boot_id, |cp| self.start(cp, claim, pod_claim_name, &who, &planned, &names))
+            .update(&self.boot_id, |cp| self.start(cp, claim, pod_claim_name, &planned, &names))
             .map_err(ckpt)??;
         self.step(Step::PrepareStarted);
 
         let mut held = vec![Held::default(); planned.len()];
-        match self.make(claim, &who, &planned, &record, &mut held) {
+        match self.make(claim, &planned, &record, &mut held) {
             Ok(devices) => Ok(devices),
             Err(e) => {
                 let rollback = self.rollback(claim, &planned, &held, &e.to_string());
                 Err(match rollback {
                     Ok(()) => e,
                     Err(r) => PrepareError::BadDevice {
-                        claim: who,
+                        claim: claim.clone(),
                         device: "-".into(),
                         reason: format!("{e}; rollback left instances behind, the next call retries: {r}"),
                     },
@@ -93,24 +90,21 @@ impl Engine {
     /// Refuse a device whose name carries a Slurm index (`--device-names slurm`) other than the
     /// actual one of its GPU (whole GPU) or static instance. Reads NVML for static instances only;
     /// a missing instance is left for [`Self::ensure_mig`] to report.
-    fn check_slurm_prefixes(
-        &self,
-        claim: &ClaimRef,
-        who: &str,
-        planned: &[PlannedDevice<'_>],
-    ) -> Result<(), PrepareError> {
+    fn check_slurm_prefixes(&self, claim: &ClaimRef, planned: &[PlannedDevice<'_>]) -> Result<(), PrepareError> {
         for p in planned.iter().filter(|p| p.slurm_prefix.is_some()) {
             let gpu = p.gpu;
             let (actual, what) = match &p.mig {
                 None => (gpu.slurm.index, format!("GPU minor {}", gpu.info.minor)),
                 Some(m) => {
                     let uuid = gpu.info.uuid.as_str();
-                    let gis = self.nvml(who, &p.device, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+                    let gis = self.nvml(claim, &p.device, "list GPU instances", || self.backend.gpu_instances(uuid))?;
                     let Some(gi) = gis.iter().find(|g| g.profile_id == m.profile.id && g.start == m.start) else {
                         continue;
                     };
                     let ci = self
-                        .nvml(who, &p.device, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?
+                        .nvml(claim, &p.device, "list compute instances", || {
+                            self.backend.compute_instances(uuid, gi.id)
+                        })?
                         .into_iter()
                         .next();
                     let actual = ci.and_then(|ci| gpu.slurm.mig_index(gi.id, ci.id));
@@ -135,11 +129,10 @@ impl Engine {
         cp: &mut Checkpoint,
         claim: &ClaimRef,
         pod_claim_name: Option<&str>,
-        who: &str,
         planned: &[PlannedDevice<'_>],
         names: &[&str],
     ) -> Result<ClaimRecord, PrepareError> {
-        for (uid, other) in cp.claims.iter().filter(|(uid, _)| **uid != claim.uid) {
+        for other in cp.claims.values().filter(|c| c.uid != claim.uid) {
             // By partition, not by name: the same GPU may be allocated as `gpu-1` and `0003-gpu-1`
             // when --device-names changed between two allocations.
             let same = |d: &DeviceRecord| {
@@ -147,9 +140,9 @@ impl Engine {
             };
             if let Some(d) = other.devices.iter().find(|d| same(d)) {
                 return Err(PrepareError::DeviceInUse {
-                    claim: who.to_string(),
+                    claim: claim.clone(),
                     device: d.device.clone(),
-                    other: format!("{}/{} ({uid})", other.namespace, other.name),
+                    other: other.claim(),
                 });
             }
             // Said here, with both claims named, rather than as NVML's bare INSUFFICIENT_RESOURCES.
@@ -162,10 +155,10 @@ impl Engine {
                 });
                 if let Some(d) = held {
                     return Err(PrepareError::Overlaps {
-                        claim: who.to_string(),
+                        claim: claim.clone(),
                         device: p.device.clone(),
                         held: d.device.clone(),
-                        other: format!("{}/{} ({uid})", other.namespace, other.name),
+                        other: other.claim(),
                     });
                 }
             }
@@ -173,14 +166,14 @@ impl Engine {
         if let Some(admin) = cp.admin.get(&claim.uid) {
             let was: Vec<&str> = admin.devices.iter().map(|d| d.device.as_str()).collect();
             return Err(PrepareError::AllocationChanged {
-                claim: who.to_string(),
+                claim: claim.clone(),
                 was: format!("{} (admin access)", was.join(", ")),
                 now: names.join(", "),
             });
         }
         let earlier = cp.claims.get(&claim.uid);
         if let Some(rec) = earlier {
-            same_allocation(who, rec, names)?;
+            same_allocation(claim, rec, names)?;
         }
         let devices = planned
             .iter()
@@ -236,7 +229,6 @@ impl Engine {
     pub(super) fn make(
         &self,
         claim: &ClaimRef,
-        who: &str,
         planned: &[PlannedDevice<'_>],
         record: &ClaimRecord,
         held: &mut [Held],
@@ -244,19 +236,19 @@ impl Engine {
         let mut devices = record.devices.clone();
         for (i, p) in planned.iter().enumerate() {
             if let Some(m) = &record.devices[i].mig {
-                devices[i].mig = Some(self.ensure_mig(claim, who, p, m, &mut held[i])?);
+                devices[i].mig = Some(self.ensure_mig(claim, p, m, &mut held[i])?);
             }
         }
         let made = ClaimRecord { devices: devices.clone(), ..record.clone() };
         // Before the spec that mounts them: the runtime needs the files when it reads the spec.
-        self.ensure_metadata(who, &made)?;
-        let cdi_devices = self.claim_spec(who, &made)?;
-        self.check_host_nodes(who, &cdi_devices)?;
+        self.ensure_metadata(&made)?;
+        let cdi_devices = self.claim_spec(&made)?;
+        self.check_host_nodes(claim, &cdi_devices)?;
         // Not synced: the completion below is, and the spec is written again from it.
         let ids = self
             .cdi
             .write(&claim.uid, &cdi_devices)
-            .map_err(|source| PrepareError::Cdi { claim: who.into(), source })?;
+            .map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })?;
         self.step(Step::CdiWritten);
         for (d, id) in devices.iter_mut().zip(&ids) {
             d.cdi_ids = vec![id.clone()];
@@ -269,7 +261,7 @@ impl Engine {
                 d.cdi_ids.clone_from(&made.cdi_ids);
             }
         };
-        let done = self.update_claim(who, &claim.uid, complete)?.unwrap_or_else(|| {
+        let done = self.update_claim(claim, complete)?.unwrap_or_else(|| {
             let mut rec = record.clone();
             complete(&mut rec);
             rec
@@ -280,24 +272,23 @@ impl Engine {
 
     /// The CDI devices of a claim's spec, from what its record says was made. Reads NVML only for
     /// the nvidia-caps major.
-    pub(super) fn spec_devices(
-        &self,
-        who: &str,
-        uid: &str,
-        devices: &[DeviceRecord],
-    ) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
+    pub(super) fn spec_devices(&self, rec: &ClaimRecord) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
+        let claim = rec.claim();
         let mut caps_major = None;
-        let mut out = Vec::with_capacity(devices.len());
-        for d in devices {
-            let name = cdi::device_name(uid, &d.device);
+        let mut out = Vec::with_capacity(rec.devices.len());
+        for d in &rec.devices {
+            let name = cdi::device_name(&rec.uid, &d.device);
             out.push(match &d.mig {
                 None => cdi::gpu_device(name, d.gpu_minor, &d.gpu_uuid),
                 Some(m) => {
                     let major = match caps_major {
                         Some(major) => major,
-                        None => *caps_major.insert(
-                            self.nvml(who, &d.device, "read the nvidia-caps major", || self.backend.caps_major())?,
-                        ),
+                        None => *caps_major.insert(self.nvml(
+                            &claim,
+                            &d.device,
+                            "read the nvidia-caps major",
+                            || self.backend.caps_major(),
+                        )?),
                     };
                     cdi::mig_device(
                         name,
@@ -319,16 +310,16 @@ impl Engine {
     /// # Errors
     /// The spec cannot be written.
     pub(crate) fn repair_spec(&self, rec: &ClaimRecord) -> Result<cdi::SpecState, PrepareError> {
-        let who = describe_record(rec);
-        let metadata = self.ensure_metadata(&who, rec)?;
+        let claim = rec.claim();
+        let metadata = self.ensure_metadata(rec)?;
         if metadata != cdi::SpecState::Intact {
-            tracing::warn!(claim = %who, metadata = metadata.as_str(), "the claim's device metadata was {} on disk; wrote it again", metadata.as_str());
+            tracing::warn!(claim = %claim, metadata = metadata.as_str(), "the claim's device metadata was {} on disk; wrote it again", metadata.as_str());
         }
-        let devices = self.claim_spec(&who, rec)?;
+        let devices = self.claim_spec(rec)?;
         let (_, state) =
-            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
+            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })?;
         if state != cdi::SpecState::Intact {
-            tracing::warn!(claim = %who, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
+            tracing::warn!(claim = %claim, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
         }
         Ok(if state == cdi::SpecState::Intact { metadata } else { state })
     }
@@ -338,7 +329,6 @@ impl Engine {
     pub(super) fn ensure_mig(
         &self,
         claim: &ClaimRef,
-        who: &str,
         p: &PlannedDevice<'_>,
         m: &MigRecord,
         held: &mut Held,
@@ -347,11 +337,11 @@ impl Engine {
         let uuid = gpu.info.uuid.as_str();
         let dev = p.device.as_str();
         let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
-            claim: who.into(),
+            claim: claim.clone(),
             device: dev.into(),
             source,
         })?;
-        let gis = self.nvml(who, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+        let gis = self.nvml(claim, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
         let at_placement = gis.iter().find(|g| g.profile_id == m.profile_id && g.start == m.start);
         let mut m = m.clone();
         let gi = match (at_placement, m.owner) {
@@ -366,9 +356,9 @@ impl Engine {
             (Some(g), MigOwner::Dynamic) => {
                 if let Some(other) = self
                     .holder(uuid, g, &claim.uid)
-                    .map_err(|source| PrepareError::Checkpoint { claim: who.into(), source })?
+                    .map_err(|source| PrepareError::Checkpoint { claim: claim.clone(), source })?
                 {
-                    return Err(PrepareError::DeviceInUse { claim: who.into(), device: dev.into(), other });
+                    return Err(PrepareError::DeviceInUse { claim: claim.clone(), device: dev.into(), other });
                 }
                 // Ours from an earlier attempt that crashed before completing: only its intent
                 // was checkpointed, and that intent keeps every other claim off this placement.
@@ -376,7 +366,7 @@ impl Engine {
                 g.id
             }
             (None, MigOwner::Dynamic) => {
-                let g = self.nvml(who, dev, "create the GPU instance", || {
+                let g = self.nvml(claim, dev, "create the GPU instance", || {
                     self.backend.create_gpu_instance(uuid, m.profile_id, m.start)
                 })?;
                 held.gi = Some(g.id);
@@ -386,7 +376,7 @@ impl Engine {
         };
         held.gi = Some(gi);
         m.gi_id = Some(gi);
-        let cis = self.nvml(who, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
+        let cis = self.nvml(claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
         let ci = match cis.into_iter().next() {
             Some(ci) => ci,
             None if m.owner == MigOwner::Static => {
@@ -395,7 +385,7 @@ impl Engine {
             None => {
                 let ci_profile =
                     p.mig.as_ref().and_then(|pm| pm.profile.default_ci()).map(|c| c.id).unwrap_or_default();
-                let ci = self.nvml(who, dev, "create the compute instance", || {
+                let ci = self.nvml(claim, dev, "create the compute instance", || {
                     self.backend.create_compute_instance(uuid, gi, ci_profile)
                 })?;
                 held.ci = Some(ci.id);
@@ -404,7 +394,7 @@ impl Engine {
             }
         };
         held.ci = Some(ci.id);
-        let (gi_cap, ci_cap) = self.nvml(who, dev, "read the capability minors", || {
+        let (gi_cap, ci_cap) = self.nvml(claim, dev, "read the capability minors", || {
             self.backend.mig_capability_minors(gpu.info.minor, gi, ci.id)
         })?;
         m.ci_id = Some(ci.id);
@@ -415,25 +405,24 @@ impl Engine {
     }
 
     /// The claim (other than `uid`) whose checkpoint entry holds this GI, if any.
-    pub(super) fn holder(&self, gpu_uuid: &str, gi: &GpuInstance, uid: &str) -> Result<Option<String>, StateError> {
+    pub(super) fn holder(&self, gpu_uuid: &str, gi: &GpuInstance, uid: &str) -> Result<Option<ClaimRef>, StateError> {
         let cp = self.store.read()?;
         Ok(cp.claims.values().filter(|c| c.uid != uid).find_map(|c| {
             c.devices
                 .iter()
                 .any(|d| d.gpu_uuid == gpu_uuid && d.mig.as_ref().is_some_and(|m| holds(m, gi)))
-                .then(|| describe_record(c))
+                .then(|| c.claim())
         }))
     }
 
     /// Change one claim's record under the checkpoint lock; `None` when the claim is gone.
     pub(super) fn update_claim(
         &self,
-        who: &str,
-        uid: &str,
+        claim: &ClaimRef,
         f: impl FnOnce(&mut ClaimRecord),
     ) -> Result<Option<ClaimRecord>, PrepareError> {
         let r = self.store.update(&self.boot_id, |cp| {
-            Ok::<_, std::convert::Infallible>(cp.claims.get_mut(uid).map(|rec| {
+            Ok::<_, std::convert::Infallible>(cp.claims.get_mut(&claim.uid).map(|rec| {
                 f(rec);
                 rec.clone()
             }))
@@ -441,25 +430,25 @@ impl Engine {
         match r {
             Ok(Ok(rec)) => Ok(rec),
             Ok(Err(never)) => match never {},
-            Err(source) => Err(PrepareError::Checkpoint { claim: who.into(), source }),
+            Err(source) => Err(PrepareError::Checkpoint { claim: claim.clone(), source }),
         }
     }
 
     /// Fail now, not at container creation, if a host node `devices` name is missing
     /// (`--host-root`; not checked when `None`).
-    pub(super) fn check_host_nodes(&self, who: &str, devices: &[cdi::CdiDevice]) -> Result<(), PrepareError> {
+    pub(super) fn check_host_nodes(&self, claim: &ClaimRef, devices: &[cdi::CdiDevice]) -> Result<(), PrepareError> {
         let Some(root) = &self.opts.host_root else { return Ok(()) };
-        cdi::host::check(root, devices).map_err(|source| PrepareError::HostNode { claim: who.into(), source })
+        cdi::host::check(root, devices).map_err(|source| PrepareError::HostNode { claim: claim.clone(), source })
     }
 
     pub(super) fn nvml<T>(
         &self,
-        who: &str,
+        claim: &ClaimRef,
         device: &str,
         step: &'static str,
         f: impl FnOnce() -> Result<T, GpuError>,
     ) -> Result<T, PrepareError> {
-        f().map_err(|source| PrepareError::Nvml { claim: who.into(), device: device.into(), step, source })
+        f().map_err(|source| PrepareError::Nvml { claim: claim.clone(), device: device.into(), step, source })
     }
 
     /// Undo a failed prepare: destroy the instances this claim holds (CI, then GI), delete its
@@ -488,7 +477,7 @@ impl Engine {
             }
         }
         let _ = self.cdi.remove(&claim.uid);
-        let _ = self.remove_metadata(&claim.uid, &claim.namespace, &claim.name);
+        let _ = self.remove_metadata(claim);
         let error = error.to_string();
         let outcome = self.store.update(&self.boot_id, |cp| {
             if left.is_empty() {
@@ -537,7 +526,7 @@ impl Engine {
     }
 }
 
-fn same_allocation(who: &str, rec: &ClaimRecord, names: &[&str]) -> Result<(), PrepareError> {
+fn same_allocation(claim: &ClaimRef, rec: &ClaimRecord, names: &[&str]) -> Result<(), PrepareError> {
     let mut was: Vec<&str> = rec.devices.iter().map(|d| d.device.as_str()).collect();
     let mut now = names.to_vec();
     was.sort_unstable();
@@ -545,5 +534,5 @@ fn same_allocation(who: &str, rec: &ClaimRecord, names: &[&str]) -> Result<(), P
     if was == now {
         return Ok(());
     }
-    Err(PrepareError::AllocationChanged { claim: who.to_string(), was: was.join(", "), now: now.join(", ") })
+    Err(PrepareError::AllocationChanged { claim: claim.clone(), was: was.join(", "), now: now.join(", ") })
 }

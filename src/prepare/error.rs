@@ -3,33 +3,37 @@
 use crate::cdi::CdiError;
 use crate::claims::ClaimRef;
 use crate::gpu::GpuError;
-use crate::state::{ClaimRecord, StateError};
+use crate::state::StateError;
 use std::path::PathBuf;
 
-/// Per-claim failure. Messages name the claim, the device and the NVML error.
+/// Per-claim failure. Messages name the claim (as [`ClaimRef`] displays it), the device and the
+/// NVML error.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
     #[error("claim {claim}: device {device}: {reason}")]
-    BadDevice { claim: String, device: String, reason: String },
+    BadDevice { claim: ClaimRef, device: String, reason: String },
     #[error("claim {claim}: device {device} is already prepared for claim {other}")]
-    DeviceInUse { claim: String, device: String, other: String },
+    DeviceInUse { claim: ClaimRef, device: String, other: ClaimRef },
     #[error(
         "claim {claim}: device {device} overlaps {held}, prepared for claim {other}; the scheduler allocated both, so the node's slices or the allocation are stale"
     )]
-    Overlaps { claim: String, device: String, held: String, other: String },
+    Overlaps { claim: ClaimRef, device: String, held: String, other: ClaimRef },
     #[error("claim {claim}: its allocation changed from [{was}] to [{now}] under the same UID; unprepare it first")]
-    AllocationChanged { claim: String, was: String, now: String },
+    AllocationChanged { claim: ClaimRef, was: String, now: String },
     #[error("claim {claim}: device {device}: failed to {step}: {source}")]
-    Nvml { claim: String, device: String, step: &'static str, source: GpuError },
+    Nvml { claim: ClaimRef, device: String, step: &'static str, source: GpuError },
     #[error("claim {claim}: {source}")]
-    Cdi { claim: String, source: CdiError },
+    Cdi { claim: ClaimRef, source: CdiError },
     /// A host device node the spec names is missing: the runtime would fail the container.
     #[error("claim {claim}: {source}")]
-    HostNode { claim: String, source: crate::cdi::host::HostNodeError },
+    HostNode { claim: ClaimRef, source: crate::cdi::host::HostNodeError },
     #[error("claim {claim}: checkpoint: {source}")]
-    Checkpoint { claim: String, source: StateError },
+    Checkpoint { claim: ClaimRef, source: StateError },
+    /// The checkpoint failed while no one claim was being worked on (recovery).
+    #[error("checkpoint: {0}")]
+    NodeCheckpoint(StateError),
     #[error("claim {claim}: device {device}: GPU is busy: {source}")]
-    Busy { claim: String, device: String, source: std::io::Error },
+    Busy { claim: ClaimRef, device: String, source: std::io::Error },
     #[error("failed to discover GPUs: {0}")]
     Discovery(GpuError),
     #[error("cannot create the state directory {}: {source}", path.display())]
@@ -59,7 +63,7 @@ impl PrepareError {
             },
             Self::Cdi { .. } => "cdi".into(),
             Self::HostNode { .. } => "host-node".into(),
-            Self::Checkpoint { .. } => "checkpoint".into(),
+            Self::Checkpoint { .. } | Self::NodeCheckpoint(_) => "checkpoint".into(),
             Self::Busy { .. } => "timeout".into(),
             Self::Discovery(_) => "discovery".into(),
             Self::StateDir { .. } => "state-dir".into(),
@@ -69,16 +73,6 @@ impl PrepareError {
     }
 
     pub(super) fn bad(claim: &ClaimRef, device: &str, reason: String) -> Self {
-        Self::BadDevice { claim: describe(claim), device: device.to_string(), reason }
+        Self::BadDevice { claim: claim.clone(), device: device.to_string(), reason }
     }
-}
-
-/// `namespace/name (uid)`.
-pub(super) fn describe(claim: &ClaimRef) -> String {
-    format!("{}/{} ({})", claim.namespace, claim.name, claim.uid)
-}
-
-/// The same, for a claim the checkpoint holds.
-pub(super) fn describe_record(rec: &ClaimRecord) -> String {
-    format!("{}/{} ({})", rec.namespace, rec.name, rec.uid)
 }

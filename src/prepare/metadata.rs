@@ -5,6 +5,7 @@
 use super::{Engine, PrepareError};
 use crate::cdi::metadata::{ClaimMeta, MetaDevice, RequestMeta};
 use crate::cdi::{self, SpecState};
+use crate::claims::ClaimRef;
 use crate::mig::devices::{AttributeValue, PCI_BUS_ID, full_gpu_device, mig_device};
 use crate::state::{ClaimRecord, DeviceRecord};
 use std::collections::BTreeMap;
@@ -54,27 +55,27 @@ impl Engine {
     ///
     /// # Errors
     /// A file cannot be written: the error names its path.
-    pub(super) fn ensure_metadata(&self, who: &str, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
+    pub(super) fn ensure_metadata(&self, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(SpecState::Intact) };
-        let cdi = |source| PrepareError::Cdi { claim: who.to_string(), source };
+        let cdi = |source| PrepareError::Cdi { claim: rec.claim(), source };
         self.metadata.ensure(&claim, &requests).map(|(_, state)| state).map_err(cdi)
     }
 
     /// What the claim's metadata files are on disk. Reads only.
-    pub(super) fn check_metadata(&self, who: &str, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
+    pub(super) fn check_metadata(&self, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(SpecState::Intact) };
-        self.metadata.check(&claim, &requests).map_err(|source| PrepareError::Cdi { claim: who.to_string(), source })
+        self.metadata.check(&claim, &requests).map_err(|source| PrepareError::Cdi { claim: rec.claim(), source })
     }
 
     /// The devices of the claim's CDI spec: [`Engine::spec_devices`], the first device of each
     /// request also mounting that request's metadata file.
-    pub(super) fn claim_spec(&self, who: &str, rec: &ClaimRecord) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
-        let mut devices = self.spec_devices(who, &rec.uid, &rec.devices)?;
+    pub(super) fn claim_spec(&self, rec: &ClaimRecord) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
+        let mut devices = self.spec_devices(rec)?;
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(devices) };
         let mounts = self
             .metadata
             .mounts(&claim, &requests)
-            .map_err(|source| PrepareError::Cdi { claim: who.to_string(), source })?;
+            .map_err(|source| PrepareError::Cdi { claim: rec.claim(), source })?;
         for m in mounts {
             let first =
                 rec.devices.iter().position(|d| d.requests.iter().any(|r| r.split('/').next() == Some(&m.request)));
@@ -90,16 +91,17 @@ impl Engine {
     ///
     /// # Errors
     /// The directory cannot be removed, or the checkpoint read.
-    pub(super) fn remove_metadata(&self, uid: &str, namespace: &str, name: &str) -> Result<(), PrepareError> {
-        if namespace.is_empty() || name.is_empty() {
+    pub(super) fn remove_metadata(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        if claim.namespace.is_empty() || claim.name.is_empty() {
             return Ok(());
         }
-        let who = format!("{namespace}/{name} ({uid})");
-        let cp = self.store.read().map_err(|source| PrepareError::Checkpoint { claim: who.clone(), source })?;
-        if cp.claims.values().any(|c| c.uid != uid && c.namespace == namespace && c.name == name) {
+        let cp = self.store.read().map_err(|source| PrepareError::Checkpoint { claim: claim.clone(), source })?;
+        if cp.claims.values().any(|c| c.uid != claim.uid && c.namespace == claim.namespace && c.name == claim.name) {
             return Ok(());
         }
-        self.metadata.remove(namespace, name).map_err(|source| PrepareError::Cdi { claim: who, source })
+        self.metadata
+            .remove(&claim.namespace, &claim.name)
+            .map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })
     }
 
     /// Remove the metadata of every claim the checkpoint does not hold, under the checkpoint lock

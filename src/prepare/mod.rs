@@ -62,7 +62,6 @@ use crate::mig::devices::GpuMode;
 use crate::mig::naming::NameStyle;
 use crate::slurm::{self, GpuSlurm, NodeGpu, NodeMig, Resolution};
 use crate::state::{Checkpoint, CheckpointStore, StateError};
-use error::{describe, describe_record};
 use locks::{ClaimLocks, GpuLock};
 use std::path::PathBuf;
 use std::sync::Arc;
