@@ -10,6 +10,7 @@
 //! Every prepare (the kubelet asks again when the pod's containers start) and recovery write it
 //! again from the hardware.
 
+use super::error::nvml;
 use super::plan::{self, AdminDevice};
 use super::{Engine, PrepareError, PreparedDevice, Step, admin_status_data};
 use crate::cdi::{self, CdiDevice, InstanceCaps};
@@ -122,16 +123,15 @@ impl Engine {
                 let uuid = gpu.info.uuid.as_str();
                 let gis = match self.backend.gpu_instances(uuid) {
                     Err(e) if e.code() == Some(NvmlCode::NotSupported) => Vec::new(),
-                    r => self.nvml(&claim, dev, "list GPU instances", || r)?,
+                    r => nvml(&claim, dev, "list GPU instances", || r)?,
                 };
                 for gi in gis {
-                    for ci in self
-                        .nvml(&claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?
+                    for ci in
+                        nvml(&claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?
                     {
-                        let (gi_cap_minor, ci_cap_minor) =
-                            self.nvml(&claim, dev, "read the capability minors", || {
-                                self.backend.mig_capability_minors(gpu.info.minor, gi.id, ci.id)
-                            })?;
+                        let (gi_cap_minor, ci_cap_minor) = nvml(&claim, dev, "read the capability minors", || {
+                            self.backend.mig_capability_minors(gpu.info.minor, gi.id, ci.id)
+                        })?;
                         instances.push(InstanceCaps { gi_cap_minor, ci_cap_minor });
                     }
                 }
@@ -139,8 +139,9 @@ impl Engine {
             let major = match (caps_major, instances.is_empty()) {
                 (_, true) => 0,
                 (Some(major), false) => major,
-                (None, false) => *caps_major
-                    .insert(self.nvml(&claim, dev, "read the nvidia-caps major", || self.backend.caps_major())?),
+                (None, false) => {
+                    *caps_major.insert(nvml(&claim, dev, "read the nvidia-caps major", || self.backend.caps_major())?)
+                }
             };
             out.push(cdi::admin_device(name, d.gpu_minor, &d.gpu_uuid, &instances, major));
         }

@@ -376,7 +376,7 @@ impl Engine {
         let done = self.store.update(&self.boot_id, |now| {
             for b in out.iter_mut().filter(|b| b.outcome.error.is_none()) {
                 b.outcome = match now.claims.get(&b.uid) {
-                    Some(c) if Some(c) == cp.claims.get(&b.uid) => match self.repair_spec(c) {
+                    Some(c) if Some(c) == cp.claims.get(&b.uid) => match self.repair_files(c) {
                         Ok(_) => Outcome::planned(false, "", "written again"),
                         Err(e) => Outcome::failed(e),
                     },

@@ -3,15 +3,13 @@
 //! writes: the intent before the first NVML mutation, and the completion with everything NVML
 //! made once the spec is on disk.
 
-use super::instances::{destroy_gi, holds};
+use super::error::nvml;
+use super::instances::destroy_gi;
 use super::plan::{self, PlannedDevice};
-use super::{DeviceStatusData, Engine, GpuEntry, PrepareError, PreparedDevice, Step, status_data};
-use crate::cdi;
+use super::{Engine, PrepareError, PreparedDevice, Step};
 use crate::claims::{AllocationResult, Claim, ClaimRef};
-use crate::gpu::{GpuError, GpuInstance};
 use crate::mig::naming;
-use crate::slurm::{self, GpuSlurm};
-use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord, StateError};
+use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord};
 
 /// What one device of a claim holds on the hardware while a prepare runs, for rollback.
 #[derive(Debug, Default, Clone, Copy)]
@@ -58,7 +56,7 @@ impl Engine {
             if rec.state == ClaimState::PrepareCompleted && !rec.needs_recreate {
                 // The kubelet asks again when a container (re)starts: the runtime will resolve the
                 // IDs we return, so the spec behind them must still be there.
-                self.repair_spec(rec)?;
+                self.repair_files(rec)?;
                 return Ok(self.prepared(rec));
             }
         }
@@ -97,16 +95,15 @@ impl Engine {
                 None => (gpu.slurm.index, format!("GPU minor {}", gpu.info.minor)),
                 Some(m) => {
                     let uuid = gpu.info.uuid.as_str();
-                    let gis = self.nvml(claim, &p.device, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+                    let gis = nvml(claim, &p.device, "list GPU instances", || self.backend.gpu_instances(uuid))?;
                     let Some(gi) = gis.iter().find(|g| g.profile_id == m.profile.id && g.start == m.start) else {
                         continue;
                     };
-                    let ci = self
-                        .nvml(claim, &p.device, "list compute instances", || {
-                            self.backend.compute_instances(uuid, gi.id)
-                        })?
-                        .into_iter()
-                        .next();
+                    let ci = nvml(claim, &p.device, "list compute instances", || {
+                        self.backend.compute_instances(uuid, gi.id)
+                    })?
+                    .into_iter()
+                    .next();
                     let actual = ci.and_then(|ci| gpu.slurm.mig_index(gi.id, ci.id));
                     (
                         actual,
@@ -204,21 +201,6 @@ impl Engine {
         Ok(record)
     }
 
-    /// A device of this node's `gpu` as the checkpoint records it, before anything is made for it.
-    pub(super) fn device_record(&self, requests: &[String], device: &str, gpu: &GpuEntry) -> DeviceRecord {
-        DeviceRecord {
-            requests: requests.to_vec(),
-            pool: self.opts.pool.clone(),
-            device: device.to_string(),
-            gpu_uuid: gpu.info.uuid.clone(),
-            pci_bus_id: gpu.info.pci_bus_id.clone(),
-            gpu_minor: gpu.info.minor,
-            gpu_index: gpu.info.index,
-            mig: None,
-            cdi_ids: Vec::new(),
-        }
-    }
-
     /// Create (or adopt) every device, write the CDI spec, complete the claim.
     ///
     /// What NVML made (GI and CI IDs, MIG UUID, capability minors) stays in memory until the
@@ -270,60 +252,6 @@ impl Engine {
         Ok(self.prepared(&done))
     }
 
-    /// The CDI devices of a claim's spec, from what its record says was made. Reads NVML only for
-    /// the nvidia-caps major.
-    pub(super) fn spec_devices(&self, rec: &ClaimRecord) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
-        let claim = rec.claim();
-        let mut caps_major = None;
-        let mut out = Vec::with_capacity(rec.devices.len());
-        for d in &rec.devices {
-            let name = cdi::device_name(&rec.uid, &d.device);
-            out.push(match &d.mig {
-                None => cdi::gpu_device(name, d.gpu_minor, &d.gpu_uuid),
-                Some(m) => {
-                    let major = match caps_major {
-                        Some(major) => major,
-                        None => *caps_major.insert(self.nvml(
-                            &claim,
-                            &d.device,
-                            "read the nvidia-caps major",
-                            || self.backend.caps_major(),
-                        )?),
-                    };
-                    cdi::mig_device(
-                        name,
-                        d.gpu_minor,
-                        m.uuid.as_deref().unwrap_or_default(),
-                        m.gi_cap_minor.unwrap_or_default(),
-                        m.ci_cap_minor.unwrap_or_default(),
-                        major,
-                    )
-                }
-            });
-        }
-        Ok(out)
-    }
-
-    /// Make a prepared claim's spec and metadata files on disk what its record says, rewriting
-    /// deleted or changed ones; returns what they were before (the spec's state first).
-    ///
-    /// # Errors
-    /// The spec cannot be written.
-    pub(crate) fn repair_spec(&self, rec: &ClaimRecord) -> Result<cdi::SpecState, PrepareError> {
-        let claim = rec.claim();
-        let metadata = self.ensure_metadata(rec)?;
-        if metadata != cdi::SpecState::Intact {
-            tracing::warn!(claim = %claim, metadata = metadata.as_str(), "the claim's device metadata was {} on disk; wrote it again", metadata.as_str());
-        }
-        let devices = self.claim_spec(rec)?;
-        let (_, state) =
-            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })?;
-        if state != cdi::SpecState::Intact {
-            tracing::warn!(claim = %claim, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
-        }
-        Ok(if state == cdi::SpecState::Intact { metadata } else { state })
-    }
-
     /// Make one MIG device exist and return its record with IDs, UUID and capability minors; the
     /// caller checkpoints it with the completion.
     pub(super) fn ensure_mig(
@@ -341,7 +269,7 @@ impl Engine {
             device: dev.into(),
             source,
         })?;
-        let gis = self.nvml(claim, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+        let gis = nvml(claim, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
         let at_placement = gis.iter().find(|g| g.profile_id == m.profile_id && g.start == m.start);
         let mut m = m.clone();
         let gi = match (at_placement, m.owner) {
@@ -366,7 +294,7 @@ impl Engine {
                 g.id
             }
             (None, MigOwner::Dynamic) => {
-                let g = self.nvml(claim, dev, "create the GPU instance", || {
+                let g = nvml(claim, dev, "create the GPU instance", || {
                     self.backend.create_gpu_instance(uuid, m.profile_id, m.start)
                 })?;
                 held.gi = Some(g.id);
@@ -376,7 +304,7 @@ impl Engine {
         };
         held.gi = Some(gi);
         m.gi_id = Some(gi);
-        let cis = self.nvml(claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
+        let cis = nvml(claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
         let ci = match cis.into_iter().next() {
             Some(ci) => ci,
             None if m.owner == MigOwner::Static => {
@@ -385,7 +313,7 @@ impl Engine {
             None => {
                 let ci_profile =
                     p.mig.as_ref().and_then(|pm| pm.profile.default_ci()).map(|c| c.id).unwrap_or_default();
-                let ci = self.nvml(claim, dev, "create the compute instance", || {
+                let ci = nvml(claim, dev, "create the compute instance", || {
                     self.backend.create_compute_instance(uuid, gi, ci_profile)
                 })?;
                 held.ci = Some(ci.id);
@@ -394,7 +322,7 @@ impl Engine {
             }
         };
         held.ci = Some(ci.id);
-        let (gi_cap, ci_cap) = self.nvml(claim, dev, "read the capability minors", || {
+        let (gi_cap, ci_cap) = nvml(claim, dev, "read the capability minors", || {
             self.backend.mig_capability_minors(gpu.info.minor, gi, ci.id)
         })?;
         m.ci_id = Some(ci.id);
@@ -402,53 +330,6 @@ impl Engine {
         m.gi_cap_minor = Some(gi_cap);
         m.ci_cap_minor = Some(ci_cap);
         Ok(m)
-    }
-
-    /// The claim (other than `uid`) whose checkpoint entry holds this GI, if any.
-    pub(super) fn holder(&self, gpu_uuid: &str, gi: &GpuInstance, uid: &str) -> Result<Option<ClaimRef>, StateError> {
-        let cp = self.store.read()?;
-        Ok(cp.claims.values().filter(|c| c.uid != uid).find_map(|c| {
-            c.devices
-                .iter()
-                .any(|d| d.gpu_uuid == gpu_uuid && d.mig.as_ref().is_some_and(|m| holds(m, gi)))
-                .then(|| c.claim())
-        }))
-    }
-
-    /// Change one claim's record under the checkpoint lock; `None` when the claim is gone.
-    pub(super) fn update_claim(
-        &self,
-        claim: &ClaimRef,
-        f: impl FnOnce(&mut ClaimRecord),
-    ) -> Result<Option<ClaimRecord>, PrepareError> {
-        let r = self.store.update(&self.boot_id, |cp| {
-            Ok::<_, std::convert::Infallible>(cp.claims.get_mut(&claim.uid).map(|rec| {
-                f(rec);
-                rec.clone()
-            }))
-        });
-        match r {
-            Ok(Ok(rec)) => Ok(rec),
-            Ok(Err(never)) => match never {},
-            Err(source) => Err(PrepareError::Checkpoint { claim: claim.clone(), source }),
-        }
-    }
-
-    /// Fail now, not at container creation, if a host node `devices` name is missing
-    /// (`--host-root`; not checked when `None`).
-    pub(super) fn check_host_nodes(&self, claim: &ClaimRef, devices: &[cdi::CdiDevice]) -> Result<(), PrepareError> {
-        let Some(root) = &self.opts.host_root else { return Ok(()) };
-        cdi::host::check(root, devices).map_err(|source| PrepareError::HostNode { claim: claim.clone(), source })
-    }
-
-    pub(super) fn nvml<T>(
-        &self,
-        claim: &ClaimRef,
-        device: &str,
-        step: &'static str,
-        f: impl FnOnce() -> Result<T, GpuError>,
-    ) -> Result<T, PrepareError> {
-        f().map_err(|source| PrepareError::Nvml { claim: claim.clone(), device: device.into(), step, source })
     }
 
     /// Undo a failed prepare: destroy the instances this claim holds (CI, then GI), delete its
@@ -491,38 +372,6 @@ impl Engine {
             left.push(format!("checkpoint: {e}"));
         }
         if left.is_empty() { Ok(()) } else { Err(left.join("; ")) }
-    }
-
-    pub(super) fn prepared(&self, rec: &ClaimRecord) -> Vec<PreparedDevice> {
-        self.prepared_with(&rec.devices, status_data)
-    }
-
-    /// The kubelet's answer for recorded devices, with the status data `data` makes of each.
-    pub(super) fn prepared_with(
-        &self,
-        devices: &[DeviceRecord],
-        data: fn(&DeviceRecord, &GpuSlurm) -> DeviceStatusData,
-    ) -> Vec<PreparedDevice> {
-        devices
-            .iter()
-            .map(|d| {
-                let unknown = GpuSlurm {
-                    index: Some(d.gpu_index),
-                    source: slurm::Source::Nvml,
-                    shards: 1,
-                    memory_slices: 1,
-                    migs: Vec::new(),
-                };
-                let slurm = self.gpu(&d.gpu_uuid).map_or(&unknown, |g| &g.slurm);
-                PreparedDevice {
-                    requests: d.requests.clone(),
-                    pool: d.pool.clone(),
-                    device: d.device.clone(),
-                    cdi_ids: d.cdi_ids.clone(),
-                    status: data(d, slurm),
-                }
-            })
-            .collect()
     }
 }
 

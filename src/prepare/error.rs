@@ -76,3 +76,13 @@ impl PrepareError {
         Self::BadDevice { claim: claim.clone(), device: device.to_string(), reason }
     }
 }
+
+/// Run one NVML call for `claim`; a failure names the claim, the device and the step.
+pub(super) fn nvml<T>(
+    claim: &ClaimRef,
+    device: &str,
+    step: &'static str,
+    f: impl FnOnce() -> Result<T, GpuError>,
+) -> Result<T, PrepareError> {
+    f().map_err(|source| PrepareError::Nvml { claim: claim.clone(), device: device.into(), step, source })
+}

@@ -1,10 +1,10 @@
 //! Each prepared claim's device metadata files (KEP-5304, [`crate::cdi::metadata`]): what goes in
-//! them, from the claim's record and the attributes its devices are published with, and their
-//! mounts in the claim's CDI spec. Written before the spec that mounts them, removed with it.
+//! them, from the claim's record and the attributes its devices are published with. Written before
+//! the spec that mounts them ([`super::spec`]), removed with it.
 
 use super::{Engine, PrepareError};
+use crate::cdi::SpecState;
 use crate::cdi::metadata::{ClaimMeta, MetaDevice, RequestMeta};
-use crate::cdi::{self, SpecState};
 use crate::claims::ClaimRef;
 use crate::mig::devices::{AttributeValue, PCI_BUS_ID, full_gpu_device, mig_device};
 use crate::state::{ClaimRecord, DeviceRecord};
@@ -14,7 +14,7 @@ impl Engine {
     /// The claim and its requests as the metadata files describe them; `None` for a claim whose
     /// namespace or name is unknown (one rebuilt from CDI specs alone) or whose devices name no
     /// request: no container can ask for its files.
-    fn metadata_of<'r>(&self, rec: &'r ClaimRecord) -> Option<(ClaimMeta<'r>, Vec<RequestMeta>)> {
+    pub(super) fn metadata_of<'r>(&self, rec: &'r ClaimRecord) -> Option<(ClaimMeta<'r>, Vec<RequestMeta>)> {
         if rec.namespace.is_empty() || rec.name.is_empty() {
             return None;
         }
@@ -65,25 +65,6 @@ impl Engine {
     pub(super) fn check_metadata(&self, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(SpecState::Intact) };
         self.metadata.check(&claim, &requests).map_err(|source| PrepareError::Cdi { claim: rec.claim(), source })
-    }
-
-    /// The devices of the claim's CDI spec: [`Engine::spec_devices`], the first device of each
-    /// request also mounting that request's metadata file.
-    pub(super) fn claim_spec(&self, rec: &ClaimRecord) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
-        let mut devices = self.spec_devices(rec)?;
-        let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(devices) };
-        let mounts = self
-            .metadata
-            .mounts(&claim, &requests)
-            .map_err(|source| PrepareError::Cdi { claim: rec.claim(), source })?;
-        for m in mounts {
-            let first =
-                rec.devices.iter().position(|d| d.requests.iter().any(|r| r.split('/').next() == Some(&m.request)));
-            if let Some(i) = first {
-                devices[i] = cdi::with_mount(devices[i].clone(), &m.host_path, &m.container_path);
-            }
-        }
-        Ok(devices)
     }
 
     /// Remove a claim's metadata files, unless another claim of the same namespace and name (one

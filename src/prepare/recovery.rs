@@ -142,7 +142,7 @@ impl Engine {
         report.stale_metadata_removed = self.remove_stale_metadata();
         let cp = self.store.read().map_err(ckpt)?;
         for c in cp.claims.values().filter(|c| c.state == ClaimState::PrepareCompleted && !c.needs_recreate) {
-            match self.repair_spec(c) {
+            match self.repair_files(c) {
                 Ok(cdi::SpecState::Intact) => {}
                 Ok(state) => report.repaired_cdi_specs.push((c.uid.clone(), state.as_str())),
                 Err(e) => report.failed_spec_repairs.push((c.uid.clone(), e.to_string())),

@@ -2,6 +2,7 @@
 //! checking they are still the ones it made, and forget the claim. Two durable checkpoint writes:
 //! `UnprepareStarted` before anything is torn down, and the claim's removal once all is gone.
 
+use super::error::nvml;
 use super::instances::{gone_ok, holds};
 use super::{Engine, PrepareError, Step};
 use crate::claims::ClaimRef;
@@ -69,7 +70,7 @@ impl Engine {
         })?;
         let gis = match self.backend.gpu_instances(uuid) {
             Err(e) if e.code() == Some(NvmlCode::NotSupported) => return Ok(()),
-            r => self.nvml(claim, dev, "list GPU instances", || r)?,
+            r => nvml(claim, dev, "list GPU instances", || r)?,
         };
         let Some(gi) = gis.iter().find(|g| holds(m, g)) else { return Ok(()) };
         let other = self
@@ -78,7 +79,7 @@ impl Engine {
         if other.is_some() {
             return Ok(());
         }
-        let cis = self.nvml(claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?;
+        let cis = nvml(claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?;
         for ci in cis {
             gone_ok(self.backend.destroy_compute_instance(uuid, gi.id, ci.id)).map_err(|source| {
                 PrepareError::Nvml {
