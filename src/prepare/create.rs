@@ -75,11 +75,7 @@ impl Engine {
                 let rollback = self.rollback(claim, &planned, &held, &e.to_string());
                 Err(match rollback {
                     Ok(()) => e,
-                    Err(r) => PrepareError::BadDevice {
-                        claim: claim.clone(),
-                        device: "-".into(),
-                        reason: format!("{e}; rollback left instances behind, the next call retries: {r}"),
-                    },
+                    Err(left) => PrepareError::RollbackIncomplete { source: Box::new(e), left },
                 })
             }
         }
@@ -384,4 +380,49 @@ fn same_allocation(claim: &ClaimRef, rec: &ClaimRecord, names: &[&str]) -> Resul
         return Ok(());
     }
     Err(PrepareError::AllocationChanged { claim: claim.clone(), was: was.join(", "), now: now.join(", ") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Options;
+    use super::*;
+    use crate::gpu::GpuBackend;
+    use crate::gpu::sim::{Fault, SimBackend, SimSpec};
+    use crate::mig::catalog;
+    use crate::mig::naming::DeviceName;
+    use std::sync::Arc;
+
+    const DRIVER: &str = "mig.slinky.slurm.net";
+
+    /// A prepare that fails after creating its GPU instance, and whose rollback cannot destroy
+    /// it, still reports (and is counted under) the failure it had, with what was left behind.
+    #[test]
+    fn a_failed_rollback_keeps_the_original_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(SimBackend::in_memory(&SimSpec::parse("h100-80gb:1").unwrap()));
+        let opts = Options::new(DRIVER, "node-a", dir.path().join("state"), dir.path().join("cdi"));
+        let engine = Engine::new(sim.clone(), opts).unwrap();
+        let gpu = sim.gpus().unwrap().remove(0);
+        let profile = catalog::model("h100-80gb").unwrap().profile(14).unwrap().name.clone();
+        let device = DeviceName::mig(gpu.minor, &profile, 14, 2).to_string();
+        sim.add_fault(Fault::parse("create-ci=insufficient-resources:1").unwrap()).unwrap();
+        sim.add_fault(Fault::parse("destroy-gi=in-use:1").unwrap()).unwrap();
+        let claim = ClaimRef::new("0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "ml", "c");
+        let result = AllocationResult {
+            request: "gpu".into(),
+            driver: DRIVER.into(),
+            pool: "node-a".into(),
+            device: device.clone(),
+            admin_access: None,
+        };
+
+        let err = engine.prepare(&claim, &[result]).unwrap_err();
+        assert_eq!(err.reason(), "nvml-insufficient-resources", "{err}");
+        let text = err.to_string();
+        let original = format!("claim {claim}: device {device}: failed to create the compute instance");
+        assert!(text.starts_with(&original), "{text}");
+        assert!(text.contains("rollback left instances behind") && text.contains("in-use"), "{text}");
+        assert_eq!(sim.gpu_instances(&gpu.uuid).unwrap().len(), 1, "the instance the rollback could not destroy");
+        assert!(engine.checkpoint().unwrap().claims[&claim.uid].last_error.is_some(), "kept for the retry");
+    }
 }

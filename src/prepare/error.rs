@@ -27,6 +27,10 @@ pub enum PrepareError {
     /// A host device node the spec names is missing: the runtime would fail the container.
     #[error("claim {claim}: {source}")]
     HostNode { claim: ClaimRef, source: crate::cdi::host::HostNodeError },
+    /// A prepare failed with `source`, and its rollback could not undo everything; the claim
+    /// stays in the checkpoint with the error so the next call finishes the job.
+    #[error("{source}; rollback left instances behind, the next call retries: {left}")]
+    RollbackIncomplete { source: Box<PrepareError>, left: String },
     #[error("claim {claim}: checkpoint: {source}")]
     Checkpoint { claim: ClaimRef, source: StateError },
     /// The checkpoint failed while no one claim was being worked on (recovery).
@@ -50,10 +54,12 @@ impl PrepareError {
     /// The fixed label a failure is counted under in `migdra_errors_total`: `bad-device`,
     /// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`,
     /// `host-node` (a device node the spec names is missing on the host), `checkpoint`, `timeout`
-    /// (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`, `profiles`.
+    /// (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`, `profiles`. A prepare
+    /// whose rollback failed counts under the reason of the failure that started the rollback.
     pub fn reason(&self) -> String {
         match self {
             Self::BadDevice { .. } => "bad-device".into(),
+            Self::RollbackIncomplete { source, .. } => source.reason(),
             Self::DeviceInUse { .. } => "device-in-use".into(),
             Self::Overlaps { .. } => "overlaps".into(),
             Self::AllocationChanged { .. } => "allocation-changed".into(),
