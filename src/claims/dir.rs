@@ -99,7 +99,7 @@ impl ClaimSource for DirSource {
         if !claim.matches(&found.claim) {
             return Err(ClaimError::Mismatch {
                 expected: claim.clone(),
-                found: found.claim,
+                found: Box::new(found.claim),
                 origin: Origin::File(file),
             });
         }

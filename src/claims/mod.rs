@@ -25,10 +25,11 @@ pub enum ClaimError {
     #[error("claim {claim} has no status.allocation yet (found in {origin})")]
     NotAllocated { claim: ClaimRef, origin: Origin },
     /// The UID belongs to another claim than the request names: one of another namespace/name,
-    /// or (`found` with another UID) one deleted and re-created under the same name.
+    /// or (`found` with another UID) one deleted and re-created under the same name. `found` is
+    /// boxed, keeping the error small enough to return by value.
     #[error("claim UID {} belongs to {}{} in {origin}, not to {}", expected.uid, found.namespaced_name(),
         recreated(expected, found), expected.namespaced_name())]
-    Mismatch { expected: ClaimRef, found: ClaimRef, origin: Origin },
+    Mismatch { expected: ClaimRef, found: Box<ClaimRef>, origin: Origin },
     /// Several files hold different objects with this UID.
     #[error("claim UID {uid} is in several files with different contents: {}", list_paths(files))]
     Ambiguous { uid: String, files: Vec<PathBuf> },
@@ -254,13 +255,13 @@ mod tests {
         let expected = ClaimRef::new("u", "ml", "c");
         let moved = ClaimError::Mismatch {
             expected: expected.clone(),
-            found: ClaimRef::new("u", "ml", "d"),
+            found: Box::new(ClaimRef::new("u", "ml", "d")),
             origin: Origin::File("/claims/a.yaml".into()),
         };
         assert_eq!(moved.to_string(), "claim UID u belongs to ml/d in /claims/a.yaml, not to ml/c");
         let recreated = ClaimError::Mismatch {
             expected: expected.clone(),
-            found: ClaimRef::new("v", "ml", "c"),
+            found: Box::new(ClaimRef::new("v", "ml", "c")),
             origin: Origin::ApiServer,
         };
         assert_eq!(

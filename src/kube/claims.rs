@@ -57,7 +57,7 @@ impl ClaimSource for KubeClaimSource {
         let Some(found) = found else { return Ok(None) };
         let uid = found.metadata.uid.clone().unwrap_or_default();
         if uid != claim.uid {
-            let found = ClaimRef { uid, ..claim.clone() };
+            let found = Box::new(ClaimRef { uid, ..claim.clone() });
             return Err(ClaimError::Mismatch { expected: claim.clone(), found, origin: Origin::ApiServer });
         }
         let allocation = found.status.as_ref().and_then(|s| s.allocation.as_ref());

@@ -320,7 +320,7 @@ mod tests {
         let lookup = ClaimError::NotAllocated { claim: ClaimRef::new("u", "ml", "c"), origin: Origin::ApiServer };
         assert_eq!(ClaimFailure::Lookup(lookup).reason(), "claim-lookup");
         let busy = PrepareError::Busy {
-            claim: ClaimRef::new("x", "", ""),
+            claim: Box::new(ClaimRef::new("x", "", "")),
             device: "gpu-0".into(),
             source: std::io::Error::other("t"),
         };

@@ -41,7 +41,7 @@ impl Engine {
         // Read and checked before anything is written, so a failure leaves nothing behind.
         let devices = self.admin_spec_devices(&record)?;
         self.check_host_nodes(claim, &devices)?;
-        let ckpt = |source| PrepareError::Checkpoint { claim: claim.clone(), source };
+        let ckpt = |source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source };
         let known = self.store.read().map_err(ckpt)?.admin.get(&claim.uid) == Some(&record);
         if !known {
             self.store
@@ -68,7 +68,7 @@ impl Engine {
                     Ok::<_, std::convert::Infallible>(())
                 });
             }
-            return Err(PrepareError::Cdi { claim: claim.clone(), source });
+            return Err(PrepareError::Cdi { claim: Box::new(claim.clone()), source });
         }
         self.step(Step::CdiWritten);
         self.step(Step::PrepareCompleted);
@@ -81,14 +81,14 @@ impl Engine {
     /// The spec cannot be removed or the checkpoint written; the record stays for the retry.
     pub(super) fn unprepare_admin(&self, rec: &AdminRecord) -> Result<(), PrepareError> {
         let claim = rec.claim();
-        self.cdi.remove(&rec.uid).map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })?;
+        self.cdi.remove(&rec.uid).map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
         self.step(Step::CdiDeleted);
         self.store
             .update(&self.boot_id, |cp| {
                 cp.admin.remove(&rec.uid);
                 Ok::<_, std::convert::Infallible>(())
             })
-            .map_err(|source| PrepareError::Checkpoint { claim, source })?
+            .map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim), source })?
             .unwrap_or_else(|never| match never {});
         self.step(Step::ClaimDropped);
         Ok(())
@@ -100,8 +100,10 @@ impl Engine {
     /// NVML or the disk fails.
     pub(super) fn repair_admin_spec(&self, rec: &AdminRecord) -> Result<cdi::SpecState, PrepareError> {
         let devices = self.admin_spec_devices(rec)?;
-        let (_, state) =
-            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: rec.claim(), source })?;
+        let (_, state) = self
+            .cdi
+            .ensure(&rec.uid, &devices)
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(rec.claim()), source })?;
         Ok(state)
     }
 
@@ -163,7 +165,7 @@ fn changed<'a>(
 ) -> PrepareError {
     let was: Vec<&str> = was.map(|d| d.device.as_str()).collect();
     PrepareError::AllocationChanged {
-        claim: claim.clone(),
+        claim: Box::new(claim.clone()),
         was: format!("{}{was_kind}", was.join(", ")),
         now: format!("{} (admin access)", names(&now.devices).join(", ")),
     }

@@ -347,7 +347,9 @@ impl Engine {
                 continue;
             }
             let spec = self.claim_spec(c).and_then(|d| {
-                self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: c.claim(), source })
+                self.cdi
+                    .check(&c.uid, &d)
+                    .map_err(|source| super::PrepareError::Cdi { claim: Box::new(c.claim()), source })
             });
             let state = match spec {
                 Ok(cdi::SpecState::Intact) => self.check_metadata(c).map(|m| match m {

@@ -49,7 +49,7 @@ impl Engine {
         }
         let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
         let names: Vec<&str> = planned.iter().map(|p| p.device.as_str()).collect();
-        let ckpt = |source| PrepareError::Checkpoint { claim: claim.clone(), source };
+        let ckpt = |source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source };
 
         if let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(&claim.uid) {
             same_allocation(claim, rec, &names)?;
@@ -133,9 +133,9 @@ impl Engine {
             };
             if let Some(d) = other.devices.iter().find(|d| same(d)) {
                 return Err(PrepareError::DeviceInUse {
-                    claim: claim.clone(),
+                    claim: Box::new(claim.clone()),
                     device: d.device.clone(),
-                    other: other.claim(),
+                    other: Box::new(other.claim()),
                 });
             }
             // Said here, with both claims named, rather than as NVML's bare INSUFFICIENT_RESOURCES.
@@ -148,10 +148,10 @@ impl Engine {
                 });
                 if let Some(d) = held {
                     return Err(PrepareError::Overlaps {
-                        claim: claim.clone(),
+                        claim: Box::new(claim.clone()),
                         device: p.device.clone(),
                         held: d.device.clone(),
-                        other: other.claim(),
+                        other: Box::new(other.claim()),
                     });
                 }
             }
@@ -159,7 +159,7 @@ impl Engine {
         if let Some(admin) = cp.admin.get(&claim.uid) {
             let was: Vec<&str> = admin.devices.iter().map(|d| d.device.as_str()).collect();
             return Err(PrepareError::AllocationChanged {
-                claim: claim.clone(),
+                claim: Box::new(claim.clone()),
                 was: format!("{} (admin access)", was.join(", ")),
                 now: names.join(", "),
             });
@@ -226,7 +226,7 @@ impl Engine {
         let ids = self
             .cdi
             .write(&claim.uid, &cdi_devices)
-            .map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })?;
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
         self.step(Step::CdiWritten);
         for (d, id) in devices.iter_mut().zip(&ids) {
             d.cdi_ids = vec![id.clone()];
@@ -261,7 +261,7 @@ impl Engine {
         let uuid = gpu.info.uuid.as_str();
         let dev = p.device.as_str();
         let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
-            claim: claim.clone(),
+            claim: Box::new(claim.clone()),
             device: dev.into(),
             source,
         })?;
@@ -280,9 +280,13 @@ impl Engine {
             (Some(g), MigOwner::Dynamic) => {
                 if let Some(other) = self
                     .holder(uuid, g, &claim.uid)
-                    .map_err(|source| PrepareError::Checkpoint { claim: claim.clone(), source })?
+                    .map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source })?
                 {
-                    return Err(PrepareError::DeviceInUse { claim: claim.clone(), device: dev.into(), other });
+                    return Err(PrepareError::DeviceInUse {
+                        claim: Box::new(claim.clone()),
+                        device: dev.into(),
+                        other: Box::new(other),
+                    });
                 }
                 // Ours from an earlier attempt that crashed before completing: only its intent
                 // was checkpointed, and that intent keeps every other claim off this placement.
@@ -379,7 +383,7 @@ fn same_allocation(claim: &ClaimRef, rec: &ClaimRecord, names: &[&str]) -> Resul
     if was == now {
         return Ok(());
     }
-    Err(PrepareError::AllocationChanged { claim: claim.clone(), was: was.join(", "), now: now.join(", ") })
+    Err(PrepareError::AllocationChanged { claim: Box::new(claim.clone()), was: was.join(", "), now: now.join(", ") })
 }
 
 #[cfg(test)]

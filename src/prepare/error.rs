@@ -7,37 +7,37 @@ use crate::state::StateError;
 use std::path::PathBuf;
 
 /// Per-claim failure. Messages name the claim (as [`ClaimRef`] displays it), the device and the
-/// NVML error.
+/// NVML error. The claims are boxed, keeping the error small enough to return by value.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
     #[error("claim {claim}: device {device}: {reason}")]
-    BadDevice { claim: ClaimRef, device: String, reason: String },
+    BadDevice { claim: Box<ClaimRef>, device: String, reason: String },
     #[error("claim {claim}: device {device} is already prepared for claim {other}")]
-    DeviceInUse { claim: ClaimRef, device: String, other: ClaimRef },
+    DeviceInUse { claim: Box<ClaimRef>, device: String, other: Box<ClaimRef> },
     #[error(
         "claim {claim}: device {device} overlaps {held}, prepared for claim {other}; the scheduler allocated both, so the node's slices or the allocation are stale"
     )]
-    Overlaps { claim: ClaimRef, device: String, held: String, other: ClaimRef },
+    Overlaps { claim: Box<ClaimRef>, device: String, held: String, other: Box<ClaimRef> },
     #[error("claim {claim}: its allocation changed from [{was}] to [{now}] under the same UID; unprepare it first")]
-    AllocationChanged { claim: ClaimRef, was: String, now: String },
+    AllocationChanged { claim: Box<ClaimRef>, was: String, now: String },
     #[error("claim {claim}: device {device}: failed to {step}: {source}")]
-    Nvml { claim: ClaimRef, device: String, step: &'static str, source: GpuError },
+    Nvml { claim: Box<ClaimRef>, device: String, step: &'static str, source: GpuError },
     #[error("claim {claim}: {source}")]
-    Cdi { claim: ClaimRef, source: CdiError },
+    Cdi { claim: Box<ClaimRef>, source: CdiError },
     /// A host device node the spec names is missing: the runtime would fail the container.
     #[error("claim {claim}: {source}")]
-    HostNode { claim: ClaimRef, source: crate::cdi::host::HostNodeError },
+    HostNode { claim: Box<ClaimRef>, source: crate::cdi::host::HostNodeError },
     /// A prepare failed with `source`, and its rollback could not undo everything; the claim
     /// stays in the checkpoint with the error so the next call finishes the job.
     #[error("{source}; rollback left instances behind, the next call retries: {left}")]
     RollbackIncomplete { source: Box<PrepareError>, left: String },
     #[error("claim {claim}: checkpoint: {source}")]
-    Checkpoint { claim: ClaimRef, source: StateError },
+    Checkpoint { claim: Box<ClaimRef>, source: StateError },
     /// The checkpoint failed while no one claim was being worked on (recovery).
     #[error("checkpoint: {0}")]
     NodeCheckpoint(StateError),
     #[error("claim {claim}: device {device}: GPU is busy: {source}")]
-    Busy { claim: ClaimRef, device: String, source: std::io::Error },
+    Busy { claim: Box<ClaimRef>, device: String, source: std::io::Error },
     #[error("failed to discover GPUs: {0}")]
     Discovery(GpuError),
     #[error("cannot create the state directory {}: {source}", path.display())]
@@ -79,7 +79,7 @@ impl PrepareError {
     }
 
     pub(super) fn bad(claim: &ClaimRef, device: &str, reason: String) -> Self {
-        Self::BadDevice { claim: claim.clone(), device: device.to_string(), reason }
+        Self::BadDevice { claim: Box::new(claim.clone()), device: device.to_string(), reason }
     }
 }
 
@@ -90,5 +90,5 @@ pub(super) fn nvml<T>(
     step: &'static str,
     f: impl FnOnce() -> Result<T, GpuError>,
 ) -> Result<T, PrepareError> {
-    f().map_err(|source| PrepareError::Nvml { claim: claim.clone(), device: device.into(), step, source })
+    f().map_err(|source| PrepareError::Nvml { claim: Box::new(claim.clone()), device: device.into(), step, source })
 }

@@ -57,14 +57,16 @@ impl Engine {
     /// A file cannot be written: the error names its path.
     pub(super) fn ensure_metadata(&self, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(SpecState::Intact) };
-        let cdi = |source| PrepareError::Cdi { claim: rec.claim(), source };
+        let cdi = |source| PrepareError::Cdi { claim: Box::new(rec.claim()), source };
         self.metadata.ensure(&claim, &requests).map(|(_, state)| state).map_err(cdi)
     }
 
     /// What the claim's metadata files are on disk. Reads only.
     pub(super) fn check_metadata(&self, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(SpecState::Intact) };
-        self.metadata.check(&claim, &requests).map_err(|source| PrepareError::Cdi { claim: rec.claim(), source })
+        self.metadata
+            .check(&claim, &requests)
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(rec.claim()), source })
     }
 
     /// Remove a claim's metadata files, unless another claim of the same namespace and name (one
@@ -76,13 +78,14 @@ impl Engine {
         if claim.namespace.is_empty() || claim.name.is_empty() {
             return Ok(());
         }
-        let cp = self.store.read().map_err(|source| PrepareError::Checkpoint { claim: claim.clone(), source })?;
+        let cp =
+            self.store.read().map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source })?;
         if cp.claims.values().any(|c| c.uid != claim.uid && c.namespace == claim.namespace && c.name == claim.name) {
             return Ok(());
         }
         self.metadata
             .remove(&claim.namespace, &claim.name)
-            .map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })
     }
 
     /// Remove the metadata of every claim the checkpoint does not hold, under the checkpoint lock

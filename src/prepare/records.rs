@@ -51,7 +51,7 @@ impl Engine {
         match r {
             Ok(Ok(rec)) => Ok(rec),
             Ok(Err(never)) => match never {},
-            Err(source) => Err(PrepareError::Checkpoint { claim: claim.clone(), source }),
+            Err(source) => Err(PrepareError::Checkpoint { claim: Box::new(claim.clone()), source }),
         }
     }
 

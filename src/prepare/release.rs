@@ -23,7 +23,7 @@ impl Engine {
     pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
         let _claim = self.claims.lock(uid);
         // Named by its UID alone until the checkpoint says whose it is.
-        let ckpt = |source| PrepareError::Checkpoint { claim: ClaimRef::new(uid, "", ""), source };
+        let ckpt = |source| PrepareError::Checkpoint { claim: Box::new(ClaimRef::new(uid, "", "")), source };
         let cp = self.store.read().map_err(ckpt)?;
         if let Some(admin) = cp.admin.get(uid) {
             return self.unprepare_admin(admin);
@@ -36,7 +36,7 @@ impl Engine {
             self.update_claim(&claim, |r| r.state = ClaimState::UnprepareStarted)?;
             self.step(Step::UnprepareStarted);
         }
-        self.cdi.remove(uid).map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })?;
+        self.cdi.remove(uid).map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
         self.remove_metadata(&claim)?;
         self.step(Step::CdiDeleted);
         for d in rec.devices.iter().rev() {
@@ -64,7 +64,7 @@ impl Engine {
         let uuid = gpu.info.uuid.as_str();
         let dev = d.device.as_str();
         let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
-            claim: claim.clone(),
+            claim: Box::new(claim.clone()),
             device: dev.into(),
             source,
         })?;
@@ -75,7 +75,7 @@ impl Engine {
         let Some(gi) = gis.iter().find(|g| holds(m, g)) else { return Ok(()) };
         let other = self
             .holder(uuid, gi, &claim.uid)
-            .map_err(|source| PrepareError::Checkpoint { claim: claim.clone(), source })?;
+            .map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source })?;
         if other.is_some() {
             return Ok(());
         }
@@ -83,7 +83,7 @@ impl Engine {
         for ci in cis {
             gone_ok(self.backend.destroy_compute_instance(uuid, gi.id, ci.id)).map_err(|source| {
                 PrepareError::Nvml {
-                    claim: claim.clone(),
+                    claim: Box::new(claim.clone()),
                     device: dev.into(),
                     step: "destroy the compute instance",
                     source,
@@ -92,7 +92,7 @@ impl Engine {
             self.step(Step::CiDestroyed);
         }
         gone_ok(self.backend.destroy_gpu_instance(uuid, gi.id)).map_err(|source| PrepareError::Nvml {
-            claim: claim.clone(),
+            claim: Box::new(claim.clone()),
             device: dev.into(),
             step: "destroy the GPU instance",
             source,

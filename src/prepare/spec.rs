@@ -52,8 +52,10 @@ impl Engine {
             tracing::warn!(claim = %claim, metadata = metadata.as_str(), "the claim's device metadata was {} on disk; wrote it again", metadata.as_str());
         }
         let devices = self.claim_spec(rec)?;
-        let (_, state) =
-            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: claim.clone(), source })?;
+        let (_, state) = self
+            .cdi
+            .ensure(&rec.uid, &devices)
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
         if state != cdi::SpecState::Intact {
             tracing::warn!(claim = %claim, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
         }
@@ -64,7 +66,8 @@ impl Engine {
     /// (`--host-root`; not checked when `None`).
     pub(super) fn check_host_nodes(&self, claim: &ClaimRef, devices: &[cdi::CdiDevice]) -> Result<(), PrepareError> {
         let Some(root) = &self.opts.host_root else { return Ok(()) };
-        cdi::host::check(root, devices).map_err(|source| PrepareError::HostNode { claim: claim.clone(), source })
+        cdi::host::check(root, devices)
+            .map_err(|source| PrepareError::HostNode { claim: Box::new(claim.clone()), source })
     }
 
     /// The devices of the claim's CDI spec: [`Engine::spec_devices`], the first device of each
@@ -75,7 +78,7 @@ impl Engine {
         let mounts = self
             .metadata
             .mounts(&claim, &requests)
-            .map_err(|source| PrepareError::Cdi { claim: rec.claim(), source })?;
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(rec.claim()), source })?;
         for m in mounts {
             let first =
                 rec.devices.iter().position(|d| d.requests.iter().any(|r| r.split('/').next() == Some(&m.request)));
