@@ -6,7 +6,7 @@
 //! machinery of a mounted ConfigMap while still following its symlinked files.
 
 use super::object::{self, Format, FoundClaim};
-use super::{Claim, ClaimError, ClaimRef, ClaimSource, Result};
+use super::{Claim, ClaimError, ClaimRef, ClaimSource, Origin, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -98,15 +98,14 @@ impl ClaimSource for DirSource {
         }
         if !claim.matches(&found.claim) {
             return Err(ClaimError::Mismatch {
-                uid: claim.uid.clone(),
-                expected: format!("{}/{}", claim.namespace, claim.name),
-                found: format!("{}/{}", found.claim.namespace, found.claim.name),
-                file,
+                expected: claim.clone(),
+                found: Box::new(found.claim),
+                origin: Origin::File(file),
             });
         }
         match found.results {
             Some(results) => Ok(Some(Claim { claim: found.claim, results, pod_claim_name: found.pod_claim_name })),
-            None => Err(ClaimError::NotAllocated { claim: found.claim.to_string(), file }),
+            None => Err(ClaimError::NotAllocated { claim: found.claim, origin: Origin::File(file) }),
         }
     }
 }

@@ -15,18 +15,21 @@ pub use object::{API_VERSIONS, FoundClaim};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// Errors of a claim source. Messages are one line.
+/// Errors of a claim source. Messages are one line and name the claim as `namespace/name (uid)`.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError {
     /// The request named the claim with a malformed namespace, name or UID.
     #[error("invalid claim {field} {value:?}: {expected}")]
     BadRef { field: &'static str, value: String, expected: &'static str },
     /// The claim exists but the scheduler has not allocated it.
-    #[error("claim {claim} has no status.allocation yet (found in {})", file.display())]
-    NotAllocated { claim: String, file: PathBuf },
-    /// The UID belongs to another claim than the request names.
-    #[error("claim UID {uid} belongs to {found} in {}, not to {expected}", file.display())]
-    Mismatch { uid: String, expected: String, found: String, file: PathBuf },
+    #[error("claim {claim} has no status.allocation yet (found in {origin})")]
+    NotAllocated { claim: ClaimRef, origin: Origin },
+    /// The UID belongs to another claim than the request names: one of another namespace/name,
+    /// or (`found` with another UID) one deleted and re-created under the same name. `found` is
+    /// boxed, keeping the error small enough to return by value.
+    #[error("claim UID {} belongs to {}{} in {origin}, not to {}", expected.uid, found.namespaced_name(),
+        recreated(expected, found), expected.namespaced_name())]
+    Mismatch { expected: ClaimRef, found: Box<ClaimRef>, origin: Origin },
     /// Several files hold different objects with this UID.
     #[error("claim UID {uid} is in several files with different contents: {}", list_paths(files))]
     Ambiguous { uid: String, files: Vec<PathBuf> },
@@ -35,14 +38,15 @@ pub enum ClaimError {
         dir.display(), errors.len(), list_errors(errors))]
     NotFound { uid: String, dir: PathBuf, errors: Vec<(PathBuf, String)> },
     /// The API server did not answer the lookup; `transient` when retrying may still succeed
-    /// (a timeout, a 5xx, a 429), so the kubelet's next call can.
-    #[error("failed to read claim {claim} from the API server{}: {}",
-        if *transient { " (transient, the kubelet's retry may succeed)" } else { "" }, crate::kube::error_text(source))]
+    /// (a timeout, a 5xx, a 429), so the kubelet's next call can. The source is boxed so this
+    /// module needs nothing of the client that made the call.
+    #[error("failed to read claim {claim} from the API server{}: {source}",
+        if *transient { " (transient, the kubelet's retry may succeed)" } else { "" })]
     Api {
-        claim: String,
+        claim: ClaimRef,
         transient: bool,
         #[source]
-        source: kube::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The source could not be read at all.
     #[error("failed to {op} {}: {source}", path.display())]
@@ -52,6 +56,30 @@ pub enum ClaimError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Where a source found a claim: a file of a claims directory, or the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    File(PathBuf),
+    ApiServer,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "{}", path.display()),
+            Self::ApiServer => f.write_str("API server"),
+        }
+    }
+}
+
+/// What [`ClaimError::Mismatch`] adds when the found claim has another UID than the expected one.
+fn recreated(expected: &ClaimRef, found: &ClaimRef) -> String {
+    if found.uid == expected.uid {
+        return String::new();
+    }
+    format!(" with UID {} (the claim was re-created)", found.uid)
 }
 
 pub type Result<T, E = ClaimError> = std::result::Result<T, E>;
@@ -149,6 +177,11 @@ impl ClaimRef {
         Ok(())
     }
 
+    /// `namespace/name`, without the UID.
+    pub fn namespaced_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
     /// True when `other` (as found in a source) is the claim this reference names: same UID, and
     /// the same namespace and name where this reference carries them.
     pub fn matches(&self, other: &ClaimRef) -> bool {
@@ -158,9 +191,15 @@ impl ClaimRef {
     }
 }
 
+/// `namespace/name (uid)`, the one way messages name a claim; the UID alone when neither the
+/// namespace nor the name is known (an unprepare before the checkpoint is read, a claim rebuilt
+/// from CDI specs alone).
 impl std::fmt::Display for ClaimRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+        if self.namespace.is_empty() && self.name.is_empty() {
+            return f.write_str(&self.uid);
+        }
+        write!(f, "{} ({})", self.namespaced_name(), self.uid)
     }
 }
 
@@ -209,6 +248,29 @@ mod tests {
         assert!(!ClaimRef::new("u", "other", "c").matches(&found));
         assert!(!ClaimRef::new("u", "ml", "d").matches(&found));
         assert!(!ClaimRef::new("v", "ml", "c").matches(&found));
+    }
+
+    #[test]
+    fn messages_name_the_claim_as_before() {
+        let expected = ClaimRef::new("u", "ml", "c");
+        let moved = ClaimError::Mismatch {
+            expected: expected.clone(),
+            found: Box::new(ClaimRef::new("u", "ml", "d")),
+            origin: Origin::File("/claims/a.yaml".into()),
+        };
+        assert_eq!(moved.to_string(), "claim UID u belongs to ml/d in /claims/a.yaml, not to ml/c");
+        let recreated = ClaimError::Mismatch {
+            expected: expected.clone(),
+            found: Box::new(ClaimRef::new("v", "ml", "c")),
+            origin: Origin::ApiServer,
+        };
+        assert_eq!(
+            recreated.to_string(),
+            "claim UID u belongs to ml/c with UID v (the claim was re-created) in API server, not to ml/c"
+        );
+        let pending = ClaimError::NotAllocated { claim: expected, origin: Origin::ApiServer };
+        assert_eq!(pending.to_string(), "claim ml/c (u) has no status.allocation yet (found in API server)");
+        assert_eq!(ClaimRef::new("u", "", "").to_string(), "u", "nothing but the UID is known");
     }
 
     #[test]

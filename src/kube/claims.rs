@@ -7,7 +7,7 @@
 //! ours and refuses other pools. Transient API errors are retried with backoff inside the
 //! kubelet's 45 s call budget.
 
-use crate::claims::{AllocationResult, Claim, ClaimError, ClaimRef, ClaimSource};
+use crate::claims::{AllocationResult, Claim, ClaimError, ClaimRef, ClaimSource, Origin};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Api, Client};
 use std::time::Duration;
@@ -15,6 +15,11 @@ use tokio::runtime::Handle;
 
 /// The kubelet gives a call 45 s (docs/facts/k8s-dra-api.md §2.3); leave room for NVML and the answer.
 pub const LOOKUP_BUDGET: Duration = Duration::from_secs(30);
+
+/// A failed lookup as [`super::error_text`] words it, with kube's error as its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", super::error_text(.0))]
+struct ApiError(#[source] kube::Error);
 
 /// Claims read from the API server.
 #[derive(Clone)]
@@ -45,26 +50,19 @@ impl KubeClaimSource {
 impl ClaimSource for KubeClaimSource {
     fn get(&self, claim: &ClaimRef) -> crate::claims::Result<Option<Claim>> {
         let found = self.runtime.block_on(self.fetch(claim)).map_err(|source| ClaimError::Api {
-            claim: claim.to_string(),
+            claim: claim.clone(),
             transient: super::transient(&source),
-            source,
+            source: Box::new(ApiError(source)),
         })?;
         let Some(found) = found else { return Ok(None) };
         let uid = found.metadata.uid.clone().unwrap_or_default();
         if uid != claim.uid {
-            return Err(ClaimError::Mismatch {
-                uid: claim.uid.clone(),
-                expected: format!("{}/{}", claim.namespace, claim.name),
-                found: format!("{}/{} with UID {uid} (the claim was re-created)", claim.namespace, claim.name),
-                file: "API server".into(),
-            });
+            let found = Box::new(ClaimRef { uid, ..claim.clone() });
+            return Err(ClaimError::Mismatch { expected: claim.clone(), found, origin: Origin::ApiServer });
         }
         let allocation = found.status.as_ref().and_then(|s| s.allocation.as_ref());
         let Some(allocation) = allocation else {
-            return Err(ClaimError::NotAllocated {
-                claim: format!("{}/{} ({})", claim.namespace, claim.name, claim.uid),
-                file: "API server".into(),
-            });
+            return Err(ClaimError::NotAllocated { claim: claim.clone(), origin: Origin::ApiServer });
         };
         let results = allocation
             .devices

@@ -273,7 +273,7 @@ fn prepare_one(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::claims::{Claim, Result as ClaimResult};
+    use crate::claims::{Claim, Origin, Result as ClaimResult};
     use crate::gpu::GpuBackend;
     use crate::gpu::sim::{SimBackend, SimSpec};
     use crate::prepare::Options;
@@ -317,9 +317,13 @@ mod tests {
         let claim = ClaimRef::new("u", "ml", "c");
         assert_eq!(ClaimFailure::NotFound(claim.clone()).reason(), "claim-not-found");
         assert_eq!(ClaimFailure::NotFound(claim).to_string(), "claim ml/c (u) is not known to the claim source");
-        let lookup = ClaimError::NotAllocated { claim: "ml/c (u)".into(), file: "API server".into() };
+        let lookup = ClaimError::NotAllocated { claim: ClaimRef::new("u", "ml", "c"), origin: Origin::ApiServer };
         assert_eq!(ClaimFailure::Lookup(lookup).reason(), "claim-lookup");
-        let busy = PrepareError::Busy { claim: "x".into(), device: "gpu-0".into(), source: std::io::Error::other("t") };
+        let busy = PrepareError::Busy {
+            claim: Box::new(ClaimRef::new("x", "", "")),
+            device: "gpu-0".into(),
+            source: std::io::Error::other("t"),
+        };
         assert_eq!(ClaimFailure::Prepare(busy).reason(), "timeout");
     }
 }

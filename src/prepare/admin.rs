@@ -10,8 +10,9 @@
 //! Every prepare (the kubelet asks again when the pod's containers start) and recovery write it
 //! again from the hardware.
 
+use super::error::nvml;
 use super::plan::{self, AdminDevice};
-use super::{Engine, PrepareError, PreparedDevice, Step, admin_status_data, describe};
+use super::{Engine, PrepareError, PreparedDevice, Step, admin_status_data};
 use crate::cdi::{self, CdiDevice, InstanceCaps};
 use crate::claims::{AllocationResult, ClaimRef};
 use crate::gpu::NvmlCode;
@@ -30,7 +31,6 @@ impl Engine {
         claim: &ClaimRef,
         results: &[AllocationResult],
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
-        let who = describe(claim);
         let planned = plan::plan_admin(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
         let record = AdminRecord {
             uid: claim.uid.clone(),
@@ -39,20 +39,20 @@ impl Engine {
             devices: planned.iter().map(|p| self.admin_device_record(&claim.uid, p)).collect(),
         };
         // Read and checked before anything is written, so a failure leaves nothing behind.
-        let devices = self.admin_spec_devices(&who, &record)?;
-        self.check_host_nodes(&who, &devices)?;
-        let ckpt = |source| PrepareError::Checkpoint { claim: who.clone(), source };
+        let devices = self.admin_spec_devices(&record)?;
+        self.check_host_nodes(claim, &devices)?;
+        let ckpt = |source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source };
         let known = self.store.read().map_err(ckpt)?.admin.get(&claim.uid) == Some(&record);
         if !known {
             self.store
                 .update(&self.boot_id, |cp| {
                     if let Some(rec) = cp.claims.get(&claim.uid) {
-                        return Err(changed(&who, rec.devices.iter(), "", &record));
+                        return Err(changed(claim, rec.devices.iter(), "", &record));
                     }
                     if let Some(old) =
                         cp.admin.get(&claim.uid).filter(|old| names(&old.devices) != names(&record.devices))
                     {
-                        return Err(changed(&who, old.devices.iter(), " (admin access)", &record));
+                        return Err(changed(claim, old.devices.iter(), " (admin access)", &record));
                     }
                     cp.admin.insert(claim.uid.clone(), record.clone());
                     Ok(())
@@ -68,7 +68,7 @@ impl Engine {
                     Ok::<_, std::convert::Infallible>(())
                 });
             }
-            return Err(PrepareError::Cdi { claim: who, source });
+            return Err(PrepareError::Cdi { claim: Box::new(claim.clone()), source });
         }
         self.step(Step::CdiWritten);
         self.step(Step::PrepareCompleted);
@@ -80,15 +80,15 @@ impl Engine {
     /// # Errors
     /// The spec cannot be removed or the checkpoint written; the record stays for the retry.
     pub(super) fn unprepare_admin(&self, rec: &AdminRecord) -> Result<(), PrepareError> {
-        let who = describe(&ClaimRef::new(&rec.uid, &rec.namespace, &rec.name));
-        self.cdi.remove(&rec.uid).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
+        let claim = rec.claim();
+        self.cdi.remove(&rec.uid).map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
         self.step(Step::CdiDeleted);
         self.store
             .update(&self.boot_id, |cp| {
                 cp.admin.remove(&rec.uid);
                 Ok::<_, std::convert::Infallible>(())
             })
-            .map_err(|source| PrepareError::Checkpoint { claim: who, source })?
+            .map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim), source })?
             .unwrap_or_else(|never| match never {});
         self.step(Step::ClaimDropped);
         Ok(())
@@ -99,10 +99,11 @@ impl Engine {
     /// # Errors
     /// NVML or the disk fails.
     pub(super) fn repair_admin_spec(&self, rec: &AdminRecord) -> Result<cdi::SpecState, PrepareError> {
-        let who = describe(&ClaimRef::new(&rec.uid, &rec.namespace, &rec.name));
-        let devices = self.admin_spec_devices(&who, rec)?;
-        let (_, state) =
-            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who, source })?;
+        let devices = self.admin_spec_devices(rec)?;
+        let (_, state) = self
+            .cdi
+            .ensure(&rec.uid, &devices)
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(rec.claim()), source })?;
         Ok(state)
     }
 
@@ -112,7 +113,8 @@ impl Engine {
     }
 
     /// One spec device per allocated device: its GPU and every instance on it now.
-    fn admin_spec_devices(&self, who: &str, rec: &AdminRecord) -> Result<Vec<CdiDevice>, PrepareError> {
+    fn admin_spec_devices(&self, rec: &AdminRecord) -> Result<Vec<CdiDevice>, PrepareError> {
+        let claim = rec.claim();
         let mut caps_major = None;
         let mut out = Vec::with_capacity(rec.devices.len());
         for d in &rec.devices {
@@ -123,13 +125,13 @@ impl Engine {
                 let uuid = gpu.info.uuid.as_str();
                 let gis = match self.backend.gpu_instances(uuid) {
                     Err(e) if e.code() == Some(NvmlCode::NotSupported) => Vec::new(),
-                    r => self.nvml(who, dev, "list GPU instances", || r)?,
+                    r => nvml(&claim, dev, "list GPU instances", || r)?,
                 };
                 for gi in gis {
                     for ci in
-                        self.nvml(who, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?
+                        nvml(&claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?
                     {
-                        let (gi_cap_minor, ci_cap_minor) = self.nvml(who, dev, "read the capability minors", || {
+                        let (gi_cap_minor, ci_cap_minor) = nvml(&claim, dev, "read the capability minors", || {
                             self.backend.mig_capability_minors(gpu.info.minor, gi.id, ci.id)
                         })?;
                         instances.push(InstanceCaps { gi_cap_minor, ci_cap_minor });
@@ -140,7 +142,7 @@ impl Engine {
                 (_, true) => 0,
                 (Some(major), false) => major,
                 (None, false) => {
-                    *caps_major.insert(self.nvml(who, dev, "read the nvidia-caps major", || self.backend.caps_major())?)
+                    *caps_major.insert(nvml(&claim, dev, "read the nvidia-caps major", || self.backend.caps_major())?)
                 }
             };
             out.push(cdi::admin_device(name, d.gpu_minor, &d.gpu_uuid, &instances, major));
@@ -156,14 +158,14 @@ fn names(devices: &[DeviceRecord]) -> Vec<&str> {
 }
 
 fn changed<'a>(
-    who: &str,
+    claim: &ClaimRef,
     was: impl Iterator<Item = &'a DeviceRecord>,
     was_kind: &str,
     now: &AdminRecord,
 ) -> PrepareError {
     let was: Vec<&str> = was.map(|d| d.device.as_str()).collect();
     PrepareError::AllocationChanged {
-        claim: who.to_string(),
+        claim: Box::new(claim.clone()),
         was: format!("{}{was_kind}", was.join(", ")),
         now: format!("{} (admin access)", names(&now.devices).join(", ")),
     }

@@ -346,12 +346,13 @@ impl Engine {
             if c.state != ClaimState::PrepareCompleted || c.needs_recreate || lost.contains(&c.uid.as_str()) {
                 continue;
             }
-            let who = super::describe_record(c);
-            let spec = self.claim_spec(&who, c).and_then(|d| {
-                self.cdi.check(&c.uid, &d).map_err(|source| super::PrepareError::Cdi { claim: who.clone(), source })
+            let spec = self.claim_spec(c).and_then(|d| {
+                self.cdi
+                    .check(&c.uid, &d)
+                    .map_err(|source| super::PrepareError::Cdi { claim: Box::new(c.claim()), source })
             });
             let state = match spec {
-                Ok(cdi::SpecState::Intact) => self.check_metadata(&who, c).map(|m| match m {
+                Ok(cdi::SpecState::Intact) => self.check_metadata(c).map(|m| match m {
                     cdi::SpecState::Intact => None,
                     cdi::SpecState::Missing => Some("metadata missing"),
                     cdi::SpecState::Altered => Some("metadata altered"),
@@ -377,7 +378,7 @@ impl Engine {
         let done = self.store.update(&self.boot_id, |now| {
             for b in out.iter_mut().filter(|b| b.outcome.error.is_none()) {
                 b.outcome = match now.claims.get(&b.uid) {
-                    Some(c) if Some(c) == cp.claims.get(&b.uid) => match self.repair_spec(c) {
+                    Some(c) if Some(c) == cp.claims.get(&b.uid) => match self.repair_files(c) {
                         Ok(_) => Outcome::planned(false, "", "written again"),
                         Err(e) => Outcome::failed(e),
                     },

@@ -3,17 +3,13 @@
 //! writes: the intent before the first NVML mutation, and the completion with everything NVML
 //! made once the spec is on disk.
 
-use super::instances::{destroy_gi, holds};
+use super::error::nvml;
+use super::instances::destroy_gi;
 use super::plan::{self, PlannedDevice};
-use super::{
-    DeviceStatusData, Engine, GpuEntry, PrepareError, PreparedDevice, Step, describe, describe_record, status_data,
-};
-use crate::cdi;
+use super::{Engine, PrepareError, PreparedDevice, Step};
 use crate::claims::{AllocationResult, Claim, ClaimRef};
-use crate::gpu::{GpuError, GpuInstance};
 use crate::mig::naming;
-use crate::slurm::{self, GpuSlurm};
-use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord, StateError};
+use crate::state::{Checkpoint, ClaimRecord, ClaimState, DeviceRecord, MigOwner, MigRecord};
 
 /// What one device of a claim holds on the hardware while a prepare runs, for rollback.
 #[derive(Debug, Default, Clone, Copy)]
@@ -51,40 +47,35 @@ impl Engine {
         if plan::is_admin(claim, results, &self.opts.driver)? {
             return self.prepare_admin(claim, results);
         }
-        let who = describe(claim);
         let planned = plan::plan(claim, results, &self.opts.driver, &self.opts.pool, &self.gpus)?;
         let names: Vec<&str> = planned.iter().map(|p| p.device.as_str()).collect();
-        let ckpt = |source| PrepareError::Checkpoint { claim: who.clone(), source };
+        let ckpt = |source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source };
 
         if let Some(rec) = self.store.read().map_err(ckpt)?.claims.get(&claim.uid) {
-            same_allocation(&who, rec, &names)?;
+            same_allocation(claim, rec, &names)?;
             if rec.state == ClaimState::PrepareCompleted && !rec.needs_recreate {
                 // The kubelet asks again when a container (re)starts: the runtime will resolve the
                 // IDs we return, so the spec behind them must still be there.
-                self.repair_spec(rec)?;
+                self.repair_files(rec)?;
                 return Ok(self.prepared(rec));
             }
         }
         // Only before a new prepare: a running claim is not failed because Slurm's order changed.
-        self.check_slurm_prefixes(claim, &who, &planned)?;
+        self.check_slurm_prefixes(claim, &planned)?;
         let record = self
             .store
-            .update(&self.boot_id, |cp| self.start(cp, claim, pod_claim_name, &who, &planned, &names))
+            .update(&self.boot_id, |cp| self.start(cp, claim, pod_claim_name, &planned, &names))
             .map_err(ckpt)??;
         self.step(Step::PrepareStarted);
 
         let mut held = vec![Held::default(); planned.len()];
-        match self.make(claim, &who, &planned, &record, &mut held) {
+        match self.make(claim, &planned, &record, &mut held) {
             Ok(devices) => Ok(devices),
             Err(e) => {
                 let rollback = self.rollback(claim, &planned, &held, &e.to_string());
                 Err(match rollback {
                     Ok(()) => e,
-                    Err(r) => PrepareError::BadDevice {
-                        claim: who,
-                        device: "-".into(),
-                        reason: format!("{e}; rollback left instances behind, the next call retries: {r}"),
-                    },
+                    Err(left) => PrepareError::RollbackIncomplete { source: Box::new(e), left },
                 })
             }
         }
@@ -93,26 +84,22 @@ impl Engine {
     /// Refuse a device whose name carries a Slurm index (`--device-names slurm`) other than the
     /// actual one of its GPU (whole GPU) or static instance. Reads NVML for static instances only;
     /// a missing instance is left for [`Self::ensure_mig`] to report.
-    fn check_slurm_prefixes(
-        &self,
-        claim: &ClaimRef,
-        who: &str,
-        planned: &[PlannedDevice<'_>],
-    ) -> Result<(), PrepareError> {
+    fn check_slurm_prefixes(&self, claim: &ClaimRef, planned: &[PlannedDevice<'_>]) -> Result<(), PrepareError> {
         for p in planned.iter().filter(|p| p.slurm_prefix.is_some()) {
             let gpu = p.gpu;
             let (actual, what) = match &p.mig {
                 None => (gpu.slurm.index, format!("GPU minor {}", gpu.info.minor)),
                 Some(m) => {
                     let uuid = gpu.info.uuid.as_str();
-                    let gis = self.nvml(who, &p.device, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+                    let gis = nvml(claim, &p.device, "list GPU instances", || self.backend.gpu_instances(uuid))?;
                     let Some(gi) = gis.iter().find(|g| g.profile_id == m.profile.id && g.start == m.start) else {
                         continue;
                     };
-                    let ci = self
-                        .nvml(who, &p.device, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?
-                        .into_iter()
-                        .next();
+                    let ci = nvml(claim, &p.device, "list compute instances", || {
+                        self.backend.compute_instances(uuid, gi.id)
+                    })?
+                    .into_iter()
+                    .next();
                     let actual = ci.and_then(|ci| gpu.slurm.mig_index(gi.id, ci.id));
                     (
                         actual,
@@ -135,11 +122,10 @@ impl Engine {
         cp: &mut Checkpoint,
         claim: &ClaimRef,
         pod_claim_name: Option<&str>,
-        who: &str,
         planned: &[PlannedDevice<'_>],
         names: &[&str],
     ) -> Result<ClaimRecord, PrepareError> {
-        for (uid, other) in cp.claims.iter().filter(|(uid, _)| **uid != claim.uid) {
+        for other in cp.claims.values().filter(|c| c.uid != claim.uid) {
             // By partition, not by name: the same GPU may be allocated as `gpu-1` and `0003-gpu-1`
             // when --device-names changed between two allocations.
             let same = |d: &DeviceRecord| {
@@ -147,9 +133,9 @@ impl Engine {
             };
             if let Some(d) = other.devices.iter().find(|d| same(d)) {
                 return Err(PrepareError::DeviceInUse {
-                    claim: who.to_string(),
+                    claim: Box::new(claim.clone()),
                     device: d.device.clone(),
-                    other: format!("{}/{} ({uid})", other.namespace, other.name),
+                    other: Box::new(other.claim()),
                 });
             }
             // Said here, with both claims named, rather than as NVML's bare INSUFFICIENT_RESOURCES.
@@ -162,10 +148,10 @@ impl Engine {
                 });
                 if let Some(d) = held {
                     return Err(PrepareError::Overlaps {
-                        claim: who.to_string(),
+                        claim: Box::new(claim.clone()),
                         device: p.device.clone(),
                         held: d.device.clone(),
-                        other: format!("{}/{} ({uid})", other.namespace, other.name),
+                        other: Box::new(other.claim()),
                     });
                 }
             }
@@ -173,14 +159,14 @@ impl Engine {
         if let Some(admin) = cp.admin.get(&claim.uid) {
             let was: Vec<&str> = admin.devices.iter().map(|d| d.device.as_str()).collect();
             return Err(PrepareError::AllocationChanged {
-                claim: who.to_string(),
+                claim: Box::new(claim.clone()),
                 was: format!("{} (admin access)", was.join(", ")),
                 now: names.join(", "),
             });
         }
         let earlier = cp.claims.get(&claim.uid);
         if let Some(rec) = earlier {
-            same_allocation(who, rec, names)?;
+            same_allocation(claim, rec, names)?;
         }
         let devices = planned
             .iter()
@@ -211,21 +197,6 @@ impl Engine {
         Ok(record)
     }
 
-    /// A device of this node's `gpu` as the checkpoint records it, before anything is made for it.
-    pub(super) fn device_record(&self, requests: &[String], device: &str, gpu: &GpuEntry) -> DeviceRecord {
-        DeviceRecord {
-            requests: requests.to_vec(),
-            pool: self.opts.pool.clone(),
-            device: device.to_string(),
-            gpu_uuid: gpu.info.uuid.clone(),
-            pci_bus_id: gpu.info.pci_bus_id.clone(),
-            gpu_minor: gpu.info.minor,
-            gpu_index: gpu.info.index,
-            mig: None,
-            cdi_ids: Vec::new(),
-        }
-    }
-
     /// Create (or adopt) every device, write the CDI spec, complete the claim.
     ///
     /// What NVML made (GI and CI IDs, MIG UUID, capability minors) stays in memory until the
@@ -236,7 +207,6 @@ impl Engine {
     pub(super) fn make(
         &self,
         claim: &ClaimRef,
-        who: &str,
         planned: &[PlannedDevice<'_>],
         record: &ClaimRecord,
         held: &mut [Held],
@@ -244,19 +214,19 @@ impl Engine {
         let mut devices = record.devices.clone();
         for (i, p) in planned.iter().enumerate() {
             if let Some(m) = &record.devices[i].mig {
-                devices[i].mig = Some(self.ensure_mig(claim, who, p, m, &mut held[i])?);
+                devices[i].mig = Some(self.ensure_mig(claim, p, m, &mut held[i])?);
             }
         }
         let made = ClaimRecord { devices: devices.clone(), ..record.clone() };
         // Before the spec that mounts them: the runtime needs the files when it reads the spec.
-        self.ensure_metadata(who, &made)?;
-        let cdi_devices = self.claim_spec(who, &made)?;
-        self.check_host_nodes(who, &cdi_devices)?;
+        self.ensure_metadata(&made)?;
+        let cdi_devices = self.claim_spec(&made)?;
+        self.check_host_nodes(claim, &cdi_devices)?;
         // Not synced: the completion below is, and the spec is written again from it.
         let ids = self
             .cdi
             .write(&claim.uid, &cdi_devices)
-            .map_err(|source| PrepareError::Cdi { claim: who.into(), source })?;
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
         self.step(Step::CdiWritten);
         for (d, id) in devices.iter_mut().zip(&ids) {
             d.cdi_ids = vec![id.clone()];
@@ -269,7 +239,7 @@ impl Engine {
                 d.cdi_ids.clone_from(&made.cdi_ids);
             }
         };
-        let done = self.update_claim(who, &claim.uid, complete)?.unwrap_or_else(|| {
+        let done = self.update_claim(claim, complete)?.unwrap_or_else(|| {
             let mut rec = record.clone();
             complete(&mut rec);
             rec
@@ -278,67 +248,11 @@ impl Engine {
         Ok(self.prepared(&done))
     }
 
-    /// The CDI devices of a claim's spec, from what its record says was made. Reads NVML only for
-    /// the nvidia-caps major.
-    pub(super) fn spec_devices(
-        &self,
-        who: &str,
-        uid: &str,
-        devices: &[DeviceRecord],
-    ) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
-        let mut caps_major = None;
-        let mut out = Vec::with_capacity(devices.len());
-        for d in devices {
-            let name = cdi::device_name(uid, &d.device);
-            out.push(match &d.mig {
-                None => cdi::gpu_device(name, d.gpu_minor, &d.gpu_uuid),
-                Some(m) => {
-                    let major = match caps_major {
-                        Some(major) => major,
-                        None => *caps_major.insert(
-                            self.nvml(who, &d.device, "read the nvidia-caps major", || self.backend.caps_major())?,
-                        ),
-                    };
-                    cdi::mig_device(
-                        name,
-                        d.gpu_minor,
-                        m.uuid.as_deref().unwrap_or_default(),
-                        m.gi_cap_minor.unwrap_or_default(),
-                        m.ci_cap_minor.unwrap_or_default(),
-                        major,
-                    )
-                }
-            });
-        }
-        Ok(out)
-    }
-
-    /// Make a prepared claim's spec and metadata files on disk what its record says, rewriting
-    /// deleted or changed ones; returns what they were before (the spec's state first).
-    ///
-    /// # Errors
-    /// The spec cannot be written.
-    pub(crate) fn repair_spec(&self, rec: &ClaimRecord) -> Result<cdi::SpecState, PrepareError> {
-        let who = describe_record(rec);
-        let metadata = self.ensure_metadata(&who, rec)?;
-        if metadata != cdi::SpecState::Intact {
-            tracing::warn!(claim = %who, metadata = metadata.as_str(), "the claim's device metadata was {} on disk; wrote it again", metadata.as_str());
-        }
-        let devices = self.claim_spec(&who, rec)?;
-        let (_, state) =
-            self.cdi.ensure(&rec.uid, &devices).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
-        if state != cdi::SpecState::Intact {
-            tracing::warn!(claim = %who, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
-        }
-        Ok(if state == cdi::SpecState::Intact { metadata } else { state })
-    }
-
     /// Make one MIG device exist and return its record with IDs, UUID and capability minors; the
     /// caller checkpoints it with the completion.
     pub(super) fn ensure_mig(
         &self,
         claim: &ClaimRef,
-        who: &str,
         p: &PlannedDevice<'_>,
         m: &MigRecord,
         held: &mut Held,
@@ -347,11 +261,11 @@ impl Engine {
         let uuid = gpu.info.uuid.as_str();
         let dev = p.device.as_str();
         let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
-            claim: who.into(),
+            claim: Box::new(claim.clone()),
             device: dev.into(),
             source,
         })?;
-        let gis = self.nvml(who, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
+        let gis = nvml(claim, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
         let at_placement = gis.iter().find(|g| g.profile_id == m.profile_id && g.start == m.start);
         let mut m = m.clone();
         let gi = match (at_placement, m.owner) {
@@ -366,9 +280,13 @@ impl Engine {
             (Some(g), MigOwner::Dynamic) => {
                 if let Some(other) = self
                     .holder(uuid, g, &claim.uid)
-                    .map_err(|source| PrepareError::Checkpoint { claim: who.into(), source })?
+                    .map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source })?
                 {
-                    return Err(PrepareError::DeviceInUse { claim: who.into(), device: dev.into(), other });
+                    return Err(PrepareError::DeviceInUse {
+                        claim: Box::new(claim.clone()),
+                        device: dev.into(),
+                        other: Box::new(other),
+                    });
                 }
                 // Ours from an earlier attempt that crashed before completing: only its intent
                 // was checkpointed, and that intent keeps every other claim off this placement.
@@ -376,7 +294,7 @@ impl Engine {
                 g.id
             }
             (None, MigOwner::Dynamic) => {
-                let g = self.nvml(who, dev, "create the GPU instance", || {
+                let g = nvml(claim, dev, "create the GPU instance", || {
                     self.backend.create_gpu_instance(uuid, m.profile_id, m.start)
                 })?;
                 held.gi = Some(g.id);
@@ -386,7 +304,7 @@ impl Engine {
         };
         held.gi = Some(gi);
         m.gi_id = Some(gi);
-        let cis = self.nvml(who, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
+        let cis = nvml(claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi))?;
         let ci = match cis.into_iter().next() {
             Some(ci) => ci,
             None if m.owner == MigOwner::Static => {
@@ -395,7 +313,7 @@ impl Engine {
             None => {
                 let ci_profile =
                     p.mig.as_ref().and_then(|pm| pm.profile.default_ci()).map(|c| c.id).unwrap_or_default();
-                let ci = self.nvml(who, dev, "create the compute instance", || {
+                let ci = nvml(claim, dev, "create the compute instance", || {
                     self.backend.create_compute_instance(uuid, gi, ci_profile)
                 })?;
                 held.ci = Some(ci.id);
@@ -404,7 +322,7 @@ impl Engine {
             }
         };
         held.ci = Some(ci.id);
-        let (gi_cap, ci_cap) = self.nvml(who, dev, "read the capability minors", || {
+        let (gi_cap, ci_cap) = nvml(claim, dev, "read the capability minors", || {
             self.backend.mig_capability_minors(gpu.info.minor, gi, ci.id)
         })?;
         m.ci_id = Some(ci.id);
@@ -412,54 +330,6 @@ impl Engine {
         m.gi_cap_minor = Some(gi_cap);
         m.ci_cap_minor = Some(ci_cap);
         Ok(m)
-    }
-
-    /// The claim (other than `uid`) whose checkpoint entry holds this GI, if any.
-    pub(super) fn holder(&self, gpu_uuid: &str, gi: &GpuInstance, uid: &str) -> Result<Option<String>, StateError> {
-        let cp = self.store.read()?;
-        Ok(cp.claims.values().filter(|c| c.uid != uid).find_map(|c| {
-            c.devices
-                .iter()
-                .any(|d| d.gpu_uuid == gpu_uuid && d.mig.as_ref().is_some_and(|m| holds(m, gi)))
-                .then(|| describe_record(c))
-        }))
-    }
-
-    /// Change one claim's record under the checkpoint lock; `None` when the claim is gone.
-    pub(super) fn update_claim(
-        &self,
-        who: &str,
-        uid: &str,
-        f: impl FnOnce(&mut ClaimRecord),
-    ) -> Result<Option<ClaimRecord>, PrepareError> {
-        let r = self.store.update(&self.boot_id, |cp| {
-            Ok::<_, std::convert::Infallible>(cp.claims.get_mut(uid).map(|rec| {
-                f(rec);
-                rec.clone()
-            }))
-        });
-        match r {
-            Ok(Ok(rec)) => Ok(rec),
-            Ok(Err(never)) => match never {},
-            Err(source) => Err(PrepareError::Checkpoint { claim: who.into(), source }),
-        }
-    }
-
-    /// Fail now, not at container creation, if a host node `devices` name is missing
-    /// (`--host-root`; not checked when `None`).
-    pub(super) fn check_host_nodes(&self, who: &str, devices: &[cdi::CdiDevice]) -> Result<(), PrepareError> {
-        let Some(root) = &self.opts.host_root else { return Ok(()) };
-        cdi::host::check(root, devices).map_err(|source| PrepareError::HostNode { claim: who.into(), source })
-    }
-
-    pub(super) fn nvml<T>(
-        &self,
-        who: &str,
-        device: &str,
-        step: &'static str,
-        f: impl FnOnce() -> Result<T, GpuError>,
-    ) -> Result<T, PrepareError> {
-        f().map_err(|source| PrepareError::Nvml { claim: who.into(), device: device.into(), step, source })
     }
 
     /// Undo a failed prepare: destroy the instances this claim holds (CI, then GI), delete its
@@ -488,7 +358,7 @@ impl Engine {
             }
         }
         let _ = self.cdi.remove(&claim.uid);
-        let _ = self.remove_metadata(&claim.uid, &claim.namespace, &claim.name);
+        let _ = self.remove_metadata(claim);
         let error = error.to_string();
         let outcome = self.store.update(&self.boot_id, |cp| {
             if left.is_empty() {
@@ -503,41 +373,9 @@ impl Engine {
         }
         if left.is_empty() { Ok(()) } else { Err(left.join("; ")) }
     }
-
-    pub(super) fn prepared(&self, rec: &ClaimRecord) -> Vec<PreparedDevice> {
-        self.prepared_with(&rec.devices, status_data)
-    }
-
-    /// The kubelet's answer for recorded devices, with the status data `data` makes of each.
-    pub(super) fn prepared_with(
-        &self,
-        devices: &[DeviceRecord],
-        data: fn(&DeviceRecord, &GpuSlurm) -> DeviceStatusData,
-    ) -> Vec<PreparedDevice> {
-        devices
-            .iter()
-            .map(|d| {
-                let unknown = GpuSlurm {
-                    index: Some(d.gpu_index),
-                    source: slurm::Source::Nvml,
-                    shards: 1,
-                    memory_slices: 1,
-                    migs: Vec::new(),
-                };
-                let slurm = self.gpu(&d.gpu_uuid).map_or(&unknown, |g| &g.slurm);
-                PreparedDevice {
-                    requests: d.requests.clone(),
-                    pool: d.pool.clone(),
-                    device: d.device.clone(),
-                    cdi_ids: d.cdi_ids.clone(),
-                    status: data(d, slurm),
-                }
-            })
-            .collect()
-    }
 }
 
-fn same_allocation(who: &str, rec: &ClaimRecord, names: &[&str]) -> Result<(), PrepareError> {
+fn same_allocation(claim: &ClaimRef, rec: &ClaimRecord, names: &[&str]) -> Result<(), PrepareError> {
     let mut was: Vec<&str> = rec.devices.iter().map(|d| d.device.as_str()).collect();
     let mut now = names.to_vec();
     was.sort_unstable();
@@ -545,5 +383,50 @@ fn same_allocation(who: &str, rec: &ClaimRecord, names: &[&str]) -> Result<(), P
     if was == now {
         return Ok(());
     }
-    Err(PrepareError::AllocationChanged { claim: who.to_string(), was: was.join(", "), now: now.join(", ") })
+    Err(PrepareError::AllocationChanged { claim: Box::new(claim.clone()), was: was.join(", "), now: now.join(", ") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Options;
+    use super::*;
+    use crate::gpu::GpuBackend;
+    use crate::gpu::sim::{Fault, SimBackend, SimSpec};
+    use crate::mig::catalog;
+    use crate::mig::naming::DeviceName;
+    use std::sync::Arc;
+
+    const DRIVER: &str = "mig.slinky.slurm.net";
+
+    /// A prepare that fails after creating its GPU instance, and whose rollback cannot destroy
+    /// it, still reports (and is counted under) the failure it had, with what was left behind.
+    #[test]
+    fn a_failed_rollback_keeps_the_original_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Arc::new(SimBackend::in_memory(&SimSpec::parse("h100-80gb:1").unwrap()));
+        let opts = Options::new(DRIVER, "node-a", dir.path().join("state"), dir.path().join("cdi"));
+        let engine = Engine::new(sim.clone(), opts).unwrap();
+        let gpu = sim.gpus().unwrap().remove(0);
+        let profile = catalog::model("h100-80gb").unwrap().profile(14).unwrap().name.clone();
+        let device = DeviceName::mig(gpu.minor, &profile, 14, 2).to_string();
+        sim.add_fault(Fault::parse("create-ci=insufficient-resources:1").unwrap()).unwrap();
+        sim.add_fault(Fault::parse("destroy-gi=in-use:1").unwrap()).unwrap();
+        let claim = ClaimRef::new("0b6f4a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "ml", "c");
+        let result = AllocationResult {
+            request: "gpu".into(),
+            driver: DRIVER.into(),
+            pool: "node-a".into(),
+            device: device.clone(),
+            admin_access: None,
+        };
+
+        let err = engine.prepare(&claim, &[result]).unwrap_err();
+        assert_eq!(err.reason(), "nvml-insufficient-resources", "{err}");
+        let text = err.to_string();
+        let original = format!("claim {claim}: device {device}: failed to create the compute instance");
+        assert!(text.starts_with(&original), "{text}");
+        assert!(text.contains("rollback left instances behind") && text.contains("in-use"), "{text}");
+        assert_eq!(sim.gpu_instances(&gpu.uuid).unwrap().len(), 1, "the instance the rollback could not destroy");
+        assert!(engine.checkpoint().unwrap().claims[&claim.uid].last_error.is_some(), "kept for the retry");
+    }
 }

@@ -3,33 +3,41 @@
 use crate::cdi::CdiError;
 use crate::claims::ClaimRef;
 use crate::gpu::GpuError;
-use crate::state::{ClaimRecord, StateError};
+use crate::state::StateError;
 use std::path::PathBuf;
 
-/// Per-claim failure. Messages name the claim, the device and the NVML error.
+/// Per-claim failure. Messages name the claim (as [`ClaimRef`] displays it), the device and the
+/// NVML error. The claims are boxed, keeping the error small enough to return by value.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
     #[error("claim {claim}: device {device}: {reason}")]
-    BadDevice { claim: String, device: String, reason: String },
+    BadDevice { claim: Box<ClaimRef>, device: String, reason: String },
     #[error("claim {claim}: device {device} is already prepared for claim {other}")]
-    DeviceInUse { claim: String, device: String, other: String },
+    DeviceInUse { claim: Box<ClaimRef>, device: String, other: Box<ClaimRef> },
     #[error(
         "claim {claim}: device {device} overlaps {held}, prepared for claim {other}; the scheduler allocated both, so the node's slices or the allocation are stale"
     )]
-    Overlaps { claim: String, device: String, held: String, other: String },
+    Overlaps { claim: Box<ClaimRef>, device: String, held: String, other: Box<ClaimRef> },
     #[error("claim {claim}: its allocation changed from [{was}] to [{now}] under the same UID; unprepare it first")]
-    AllocationChanged { claim: String, was: String, now: String },
+    AllocationChanged { claim: Box<ClaimRef>, was: String, now: String },
     #[error("claim {claim}: device {device}: failed to {step}: {source}")]
-    Nvml { claim: String, device: String, step: &'static str, source: GpuError },
+    Nvml { claim: Box<ClaimRef>, device: String, step: &'static str, source: GpuError },
     #[error("claim {claim}: {source}")]
-    Cdi { claim: String, source: CdiError },
+    Cdi { claim: Box<ClaimRef>, source: CdiError },
     /// A host device node the spec names is missing: the runtime would fail the container.
     #[error("claim {claim}: {source}")]
-    HostNode { claim: String, source: crate::cdi::host::HostNodeError },
+    HostNode { claim: Box<ClaimRef>, source: crate::cdi::host::HostNodeError },
+    /// A prepare failed with `source`, and its rollback could not undo everything; the claim
+    /// stays in the checkpoint with the error so the next call finishes the job.
+    #[error("{source}; rollback left instances behind, the next call retries: {left}")]
+    RollbackIncomplete { source: Box<PrepareError>, left: String },
     #[error("claim {claim}: checkpoint: {source}")]
-    Checkpoint { claim: String, source: StateError },
+    Checkpoint { claim: Box<ClaimRef>, source: StateError },
+    /// The checkpoint failed while no one claim was being worked on (recovery).
+    #[error("checkpoint: {0}")]
+    NodeCheckpoint(StateError),
     #[error("claim {claim}: device {device}: GPU is busy: {source}")]
-    Busy { claim: String, device: String, source: std::io::Error },
+    Busy { claim: Box<ClaimRef>, device: String, source: std::io::Error },
     #[error("failed to discover GPUs: {0}")]
     Discovery(GpuError),
     #[error("cannot create the state directory {}: {source}", path.display())]
@@ -46,10 +54,12 @@ impl PrepareError {
     /// The fixed label a failure is counted under in `migdra_errors_total`: `bad-device`,
     /// `device-in-use`, `overlaps`, `allocation-changed`, `nvml-<code>` (e.g. `nvml-in-use`), `cdi`,
     /// `host-node` (a device node the spec names is missing on the host), `checkpoint`, `timeout`
-    /// (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`, `profiles`.
+    /// (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`, `profiles`. A prepare
+    /// whose rollback failed counts under the reason of the failure that started the rollback.
     pub fn reason(&self) -> String {
         match self {
             Self::BadDevice { .. } => "bad-device".into(),
+            Self::RollbackIncomplete { source, .. } => source.reason(),
             Self::DeviceInUse { .. } => "device-in-use".into(),
             Self::Overlaps { .. } => "overlaps".into(),
             Self::AllocationChanged { .. } => "allocation-changed".into(),
@@ -59,7 +69,7 @@ impl PrepareError {
             },
             Self::Cdi { .. } => "cdi".into(),
             Self::HostNode { .. } => "host-node".into(),
-            Self::Checkpoint { .. } => "checkpoint".into(),
+            Self::Checkpoint { .. } | Self::NodeCheckpoint(_) => "checkpoint".into(),
             Self::Busy { .. } => "timeout".into(),
             Self::Discovery(_) => "discovery".into(),
             Self::StateDir { .. } => "state-dir".into(),
@@ -69,16 +79,16 @@ impl PrepareError {
     }
 
     pub(super) fn bad(claim: &ClaimRef, device: &str, reason: String) -> Self {
-        Self::BadDevice { claim: describe(claim), device: device.to_string(), reason }
+        Self::BadDevice { claim: Box::new(claim.clone()), device: device.to_string(), reason }
     }
 }
 
-/// `namespace/name (uid)`.
-pub(super) fn describe(claim: &ClaimRef) -> String {
-    format!("{}/{} ({})", claim.namespace, claim.name, claim.uid)
-}
-
-/// The same, for a claim the checkpoint holds.
-pub(super) fn describe_record(rec: &ClaimRecord) -> String {
-    format!("{}/{} ({})", rec.namespace, rec.name, rec.uid)
+/// Run one NVML call for `claim`; a failure names the claim, the device and the step.
+pub(super) fn nvml<T>(
+    claim: &ClaimRef,
+    device: &str,
+    step: &'static str,
+    f: impl FnOnce() -> Result<T, GpuError>,
+) -> Result<T, PrepareError> {
+    f().map_err(|source| PrepareError::Nvml { claim: Box::new(claim.clone()), device: device.into(), step, source })
 }

@@ -1,10 +1,11 @@
 //! Each prepared claim's device metadata files (KEP-5304, [`crate::cdi::metadata`]): what goes in
-//! them, from the claim's record and the attributes its devices are published with, and their
-//! mounts in the claim's CDI spec. Written before the spec that mounts them, removed with it.
+//! them, from the claim's record and the attributes its devices are published with. Written before
+//! the spec that mounts them ([`super::spec`]), removed with it.
 
 use super::{Engine, PrepareError};
+use crate::cdi::SpecState;
 use crate::cdi::metadata::{ClaimMeta, MetaDevice, RequestMeta};
-use crate::cdi::{self, SpecState};
+use crate::claims::ClaimRef;
 use crate::mig::devices::{AttributeValue, PCI_BUS_ID, full_gpu_device, mig_device};
 use crate::state::{ClaimRecord, DeviceRecord};
 use std::collections::BTreeMap;
@@ -13,7 +14,7 @@ impl Engine {
     /// The claim and its requests as the metadata files describe them; `None` for a claim whose
     /// namespace or name is unknown (one rebuilt from CDI specs alone) or whose devices name no
     /// request: no container can ask for its files.
-    fn metadata_of<'r>(&self, rec: &'r ClaimRecord) -> Option<(ClaimMeta<'r>, Vec<RequestMeta>)> {
+    pub(super) fn metadata_of<'r>(&self, rec: &'r ClaimRecord) -> Option<(ClaimMeta<'r>, Vec<RequestMeta>)> {
         if rec.namespace.is_empty() || rec.name.is_empty() {
             return None;
         }
@@ -54,35 +55,18 @@ impl Engine {
     ///
     /// # Errors
     /// A file cannot be written: the error names its path.
-    pub(super) fn ensure_metadata(&self, who: &str, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
+    pub(super) fn ensure_metadata(&self, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(SpecState::Intact) };
-        let cdi = |source| PrepareError::Cdi { claim: who.to_string(), source };
+        let cdi = |source| PrepareError::Cdi { claim: Box::new(rec.claim()), source };
         self.metadata.ensure(&claim, &requests).map(|(_, state)| state).map_err(cdi)
     }
 
     /// What the claim's metadata files are on disk. Reads only.
-    pub(super) fn check_metadata(&self, who: &str, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
+    pub(super) fn check_metadata(&self, rec: &ClaimRecord) -> Result<SpecState, PrepareError> {
         let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(SpecState::Intact) };
-        self.metadata.check(&claim, &requests).map_err(|source| PrepareError::Cdi { claim: who.to_string(), source })
-    }
-
-    /// The devices of the claim's CDI spec: [`Engine::spec_devices`], the first device of each
-    /// request also mounting that request's metadata file.
-    pub(super) fn claim_spec(&self, who: &str, rec: &ClaimRecord) -> Result<Vec<cdi::CdiDevice>, PrepareError> {
-        let mut devices = self.spec_devices(who, &rec.uid, &rec.devices)?;
-        let Some((claim, requests)) = self.metadata_of(rec) else { return Ok(devices) };
-        let mounts = self
-            .metadata
-            .mounts(&claim, &requests)
-            .map_err(|source| PrepareError::Cdi { claim: who.to_string(), source })?;
-        for m in mounts {
-            let first =
-                rec.devices.iter().position(|d| d.requests.iter().any(|r| r.split('/').next() == Some(&m.request)));
-            if let Some(i) = first {
-                devices[i] = cdi::with_mount(devices[i].clone(), &m.host_path, &m.container_path);
-            }
-        }
-        Ok(devices)
+        self.metadata
+            .check(&claim, &requests)
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(rec.claim()), source })
     }
 
     /// Remove a claim's metadata files, unless another claim of the same namespace and name (one
@@ -90,16 +74,18 @@ impl Engine {
     ///
     /// # Errors
     /// The directory cannot be removed, or the checkpoint read.
-    pub(super) fn remove_metadata(&self, uid: &str, namespace: &str, name: &str) -> Result<(), PrepareError> {
-        if namespace.is_empty() || name.is_empty() {
+    pub(super) fn remove_metadata(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        if claim.namespace.is_empty() || claim.name.is_empty() {
             return Ok(());
         }
-        let who = format!("{namespace}/{name} ({uid})");
-        let cp = self.store.read().map_err(|source| PrepareError::Checkpoint { claim: who.clone(), source })?;
-        if cp.claims.values().any(|c| c.uid != uid && c.namespace == namespace && c.name == name) {
+        let cp =
+            self.store.read().map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source })?;
+        if cp.claims.values().any(|c| c.uid != claim.uid && c.namespace == claim.namespace && c.name == claim.name) {
             return Ok(());
         }
-        self.metadata.remove(namespace, name).map_err(|source| PrepareError::Cdi { claim: who, source })
+        self.metadata
+            .remove(&claim.namespace, &claim.name)
+            .map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })
     }
 
     /// Remove the metadata of every claim the checkpoint does not hold, under the checkpoint lock

@@ -29,8 +29,10 @@
 //! parallel; the checkpoint is a locked read-modify-write shared by every plugin process.
 //!
 //! Files: `create` (prepare and its rollback), `admin` (admin access: a spec, no instance), `release` (unprepare), `instances` (the MIG helpers
-//! prepare, unprepare, recovery and cleanup share), `step` (the points tests stop at), `error`,
-//! `plan` (an allocation checked against the node), `recovery`, `cleanup`, `locks`, `bridge_data` (what slurm-bridge reads per device),
+//! prepare, unprepare, recovery and cleanup share), `records` (a claim's checkpoint record and the
+//! kubelet's answer from it), `spec` (a claim's CDI spec from its record, and its repair), `step`
+//! (the points tests stop at), `error`, `plan` (an allocation checked against the node),
+//! `recovery`, `cleanup`, `locks`, `bridge_data` (what slurm-bridge reads per device),
 //! `metadata` (each claim's device metadata files, KEP-5304).
 
 mod admin;
@@ -42,8 +44,10 @@ mod instances;
 mod locks;
 mod metadata;
 mod plan;
+mod records;
 mod recovery;
 mod release;
+mod spec;
 mod step;
 
 pub use bridge_data::{DeviceStatusData, Placement, admin_status_data, status_data};
@@ -62,7 +66,6 @@ use crate::mig::devices::GpuMode;
 use crate::mig::naming::NameStyle;
 use crate::slurm::{self, GpuSlurm, NodeGpu, NodeMig, Resolution};
 use crate::state::{Checkpoint, CheckpointStore, StateError};
-use error::{describe, describe_record};
 use locks::{ClaimLocks, GpuLock};
 use std::path::PathBuf;
 use std::sync::Arc;

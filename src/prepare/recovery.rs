@@ -90,7 +90,7 @@ impl Engine {
     /// # Errors
     /// Only I/O failures of the checkpoint itself; content problems are repaired.
     pub fn recover(&self) -> Result<RecoveryReport, PrepareError> {
-        let ckpt = |source| PrepareError::Checkpoint { claim: "-".into(), source };
+        let ckpt = PrepareError::NodeCheckpoint;
         let mut report = RecoveryReport::default();
         let mut cp = match self.store.load().map_err(ckpt)? {
             Loaded::Fresh(c) => {
@@ -142,7 +142,7 @@ impl Engine {
         report.stale_metadata_removed = self.remove_stale_metadata();
         let cp = self.store.read().map_err(ckpt)?;
         for c in cp.claims.values().filter(|c| c.state == ClaimState::PrepareCompleted && !c.needs_recreate) {
-            match self.repair_spec(c) {
+            match self.repair_files(c) {
                 Ok(cdi::SpecState::Intact) => {}
                 Ok(state) => report.repaired_cdi_specs.push((c.uid.clone(), state.as_str())),
                 Err(e) => report.failed_spec_repairs.push((c.uid.clone(), e.to_string())),
@@ -242,7 +242,7 @@ impl Engine {
 
     /// Instances on dynamic GPUs that no checkpoint entry explains, handled by the policy.
     fn sweep_orphans(&self) -> Result<Vec<Orphan>, PrepareError> {
-        let cp = self.store.read().map_err(|source| PrepareError::Checkpoint { claim: "-".into(), source })?;
+        let cp = self.store.read().map_err(PrepareError::NodeCheckpoint)?;
         let mut orphans = Vec::new();
         for gpu in self.gpus.iter().filter(|g| g.mode == GpuMode::Dynamic) {
             let uuid = gpu.info.uuid.as_str();

@@ -2,8 +2,10 @@
 //! checking they are still the ones it made, and forget the claim. Two durable checkpoint writes:
 //! `UnprepareStarted` before anything is torn down, and the claim's removal once all is gone.
 
+use super::error::nvml;
 use super::instances::{gone_ok, holds};
-use super::{Engine, PrepareError, Step, describe_record};
+use super::{Engine, PrepareError, Step};
+use crate::claims::ClaimRef;
 use crate::gpu::NvmlCode;
 use crate::state::{ClaimState, DeviceRecord, MigOwner, MigRecord};
 
@@ -20,7 +22,8 @@ impl Engine {
     /// NVML refuses a destroy (e.g. IN_USE); the claim stays UnprepareStarted for the retry.
     pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
         let _claim = self.claims.lock(uid);
-        let ckpt = |source| PrepareError::Checkpoint { claim: uid.to_string(), source };
+        // Named by its UID alone until the checkpoint says whose it is.
+        let ckpt = |source| PrepareError::Checkpoint { claim: Box::new(ClaimRef::new(uid, "", "")), source };
         let cp = self.store.read().map_err(ckpt)?;
         if let Some(admin) = cp.admin.get(uid) {
             return self.unprepare_admin(admin);
@@ -28,18 +31,18 @@ impl Engine {
         let Some(rec) = cp.claims.get(uid).cloned() else {
             return Ok(());
         };
-        let who = describe_record(&rec);
+        let claim = rec.claim();
         if rec.state != ClaimState::UnprepareStarted {
-            self.update_claim(&who, uid, |r| r.state = ClaimState::UnprepareStarted)?;
+            self.update_claim(&claim, |r| r.state = ClaimState::UnprepareStarted)?;
             self.step(Step::UnprepareStarted);
         }
-        self.cdi.remove(uid).map_err(|source| PrepareError::Cdi { claim: who.clone(), source })?;
-        self.remove_metadata(uid, &rec.namespace, &rec.name)?;
+        self.cdi.remove(uid).map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
+        self.remove_metadata(&claim)?;
         self.step(Step::CdiDeleted);
         for d in rec.devices.iter().rev() {
             let Some(m) = d.mig.as_ref().filter(|m| m.owner == MigOwner::Dynamic) else { continue };
-            if let Err(e) = self.release(uid, &who, d, m) {
-                let _ = self.update_claim(&who, uid, |r| r.last_error = Some(e.to_string()));
+            if let Err(e) = self.release(&claim, d, m) {
+                let _ = self.update_claim(&claim, |r| r.last_error = Some(e.to_string()));
                 return Err(e);
             }
         }
@@ -56,30 +59,31 @@ impl Engine {
 
     /// Destroy one dynamic instance of a claim, after checking it is still the one we made: same
     /// profile and placement, and held by no other claim (GI IDs are reused by the driver).
-    pub(super) fn release(&self, uid: &str, who: &str, d: &DeviceRecord, m: &MigRecord) -> Result<(), PrepareError> {
+    pub(super) fn release(&self, claim: &ClaimRef, d: &DeviceRecord, m: &MigRecord) -> Result<(), PrepareError> {
         let Some(gpu) = self.gpu(&d.gpu_uuid) else { return Ok(()) };
         let uuid = gpu.info.uuid.as_str();
         let dev = d.device.as_str();
         let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
-            claim: who.into(),
+            claim: Box::new(claim.clone()),
             device: dev.into(),
             source,
         })?;
         let gis = match self.backend.gpu_instances(uuid) {
             Err(e) if e.code() == Some(NvmlCode::NotSupported) => return Ok(()),
-            r => self.nvml(who, dev, "list GPU instances", || r)?,
+            r => nvml(claim, dev, "list GPU instances", || r)?,
         };
         let Some(gi) = gis.iter().find(|g| holds(m, g)) else { return Ok(()) };
-        let other =
-            self.holder(uuid, gi, uid).map_err(|source| PrepareError::Checkpoint { claim: who.into(), source })?;
+        let other = self
+            .holder(uuid, gi, &claim.uid)
+            .map_err(|source| PrepareError::Checkpoint { claim: Box::new(claim.clone()), source })?;
         if other.is_some() {
             return Ok(());
         }
-        let cis = self.nvml(who, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?;
+        let cis = nvml(claim, dev, "list compute instances", || self.backend.compute_instances(uuid, gi.id))?;
         for ci in cis {
             gone_ok(self.backend.destroy_compute_instance(uuid, gi.id, ci.id)).map_err(|source| {
                 PrepareError::Nvml {
-                    claim: who.into(),
+                    claim: Box::new(claim.clone()),
                     device: dev.into(),
                     step: "destroy the compute instance",
                     source,
@@ -88,7 +92,7 @@ impl Engine {
             self.step(Step::CiDestroyed);
         }
         gone_ok(self.backend.destroy_gpu_instance(uuid, gi.id)).map_err(|source| PrepareError::Nvml {
-            claim: who.into(),
+            claim: Box::new(claim.clone()),
             device: dev.into(),
             step: "destroy the GPU instance",
             source,

@@ -12,6 +12,7 @@
 //!
 //! Fields are `camelCase` in the file, like the Kubernetes objects they come from.
 
+use crate::claims::ClaimRef;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -153,6 +154,13 @@ pub struct ClaimRecord {
     pub last_error: Option<String>,
 }
 
+impl ClaimRecord {
+    /// The claim this record is of, as errors and logs name it.
+    pub fn claim(&self) -> ClaimRef {
+        ClaimRef::new(&self.uid, &self.namespace, &self.name)
+    }
+}
+
 /// A claim prepared for admin access (`adminAccess: true`, a monitoring pod): it holds a CDI
 /// spec and nothing on the hardware, so it lives apart from [`ClaimRecord`]s. Whatever counts,
 /// reserves or sweeps instances reads [`Checkpoint::claims`] and never sees it.
@@ -168,6 +176,13 @@ pub struct AdminRecord {
     /// The allocated devices, as named; `mig` is always `None`: admin access holds no partition,
     /// it sees the parent GPU and whatever instances exist on it.
     pub devices: Vec<DeviceRecord>,
+}
+
+impl AdminRecord {
+    /// The claim this record is of, as errors and logs name it.
+    pub fn claim(&self) -> ClaimRef {
+        ClaimRef::new(&self.uid, &self.namespace, &self.name)
+    }
 }
 
 /// The whole checkpoint: the boot it was written in, and every claim by UID.
