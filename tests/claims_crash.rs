@@ -12,10 +12,11 @@ use support::command::Run;
 use support::node::NodeDir;
 
 /// As `MIGDRA_CRASH_AT` takes them; the first test checks this is every step there is.
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 11] = [
     "prepare-started",
     "gi-created",
     "ci-created",
+    "metadata-written",
     "cdi-written",
     "prepare-completed",
     "unprepare-started",

@@ -3,7 +3,7 @@
 //! Safe next to a running daemon: the engine takes the same per-GPU and checkpoint locks.
 //! In builds with the `crash-points` feature (the tests'), `MIGDRA_CRASH_AT=<step>` kills the
 //! process right after that step, so tests can prove that a kill at any point converges (steps:
-//! prepare-started, gi-created, ci-created, cdi-written, prepare-completed, unprepare-started,
+//! prepare-started, gi-created, ci-created, metadata-written, cdi-written, prepare-completed, unprepare-started,
 //! cdi-deleted, ci-destroyed, gi-destroyed, claim-dropped).
 
 use super::{CliError, CliResult, Format, Global, backend, output};

@@ -220,6 +220,7 @@ impl Engine {
         let made = ClaimRecord { devices: devices.clone(), ..record.clone() };
         // Before the spec that mounts them: the runtime needs the files when it reads the spec.
         self.ensure_metadata(&made)?;
+        self.step(Step::MetadataWritten);
         let cdi_devices = self.claim_spec(&made)?;
         self.check_host_nodes(claim, &cdi_devices)?;
         // Not synced: the completion below is, and the spec is written again from it.

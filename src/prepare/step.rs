@@ -8,13 +8,14 @@ use std::sync::Arc;
 /// mutation. Tests kill the process (or panic) there to prove recovery.
 ///
 /// Between `PrepareStarted` and `PrepareCompleted` the checkpoint holds the claim's intent only:
-/// `GiCreated`, `CiCreated` and `CdiWritten` are the points where instances or a spec exist that
-/// no checkpoint write has named yet.
+/// `GiCreated`, `CiCreated`, `MetadataWritten` and `CdiWritten` are the points where instances or
+/// files exist that no checkpoint write has named yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {
     PrepareStarted,
     GiCreated,
     CiCreated,
+    MetadataWritten,
     CdiWritten,
     PrepareCompleted,
     UnprepareStarted,
@@ -25,10 +26,11 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 10] = [
+    pub const ALL: [Step; 11] = [
         Self::PrepareStarted,
         Self::GiCreated,
         Self::CiCreated,
+        Self::MetadataWritten,
         Self::CdiWritten,
         Self::PrepareCompleted,
         Self::UnprepareStarted,
@@ -44,6 +46,7 @@ impl Step {
             Self::PrepareStarted => "prepare-started",
             Self::GiCreated => "gi-created",
             Self::CiCreated => "ci-created",
+            Self::MetadataWritten => "metadata-written",
             Self::CdiWritten => "cdi-written",
             Self::PrepareCompleted => "prepare-completed",
             Self::UnprepareStarted => "unprepare-started",
