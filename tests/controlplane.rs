@@ -633,8 +633,8 @@ async fn check_slices(cluster: &Cluster) {
 const RESYNC_ARG: &str = "1s";
 const QUIET: Duration = Duration::from_millis(2500);
 
-/// Once published, the slices stay as they are while nothing changes: migdra and the API server
-/// agree on every field, so there is no rewrite loop.
+/// Once published and caught up, the slices stay as they are while nothing changes: migdra and
+/// the API server agree on every field, so there is no rewrite loop.
 async fn check_slices_stay_put(cluster: &Cluster) {
     let versions = |slices: &[ResourceSlice]| -> BTreeMap<String, String> {
         slices
@@ -642,10 +642,18 @@ async fn check_slices_stay_put(cluster: &Cluster) {
             .map(|s| (s.metadata.name.clone().unwrap(), s.metadata.resource_version.clone().unwrap()))
             .collect()
     };
-    let before = versions(&cluster.published(Duration::from_secs(30)).await);
-    tokio::time::sleep(QUIET).await;
-    let after = versions(&cluster.published(Duration::from_secs(30)).await);
-    assert_eq!(before, after, "migdra keeps rewriting its slices while nothing changes\n{}", cluster.diagnostics());
+    // The first window may catch one rewrite that is due (a prepare since the last round made an
+    // instance whose UUID the next full check publishes); a second one may not.
+    let mut before = versions(&cluster.published(Duration::from_secs(30)).await);
+    for window in 1..=2 {
+        tokio::time::sleep(QUIET).await;
+        let after = versions(&cluster.published(Duration::from_secs(30)).await);
+        if after == before {
+            return;
+        }
+        assert!(window < 2, "migdra keeps rewriting its slices while nothing changes\n{}", cluster.diagnostics());
+        before = after;
+    }
 }
 
 /// Paths where two JSON values differ, at most `limit`.

@@ -9,6 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::PostParams;
 use kube::{Api, Client};
 
+/// How long posting one event may take.
+const POST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Who reports the events (`source.component`).
 pub const COMPONENT: &str = "migdra";
 
@@ -48,7 +51,15 @@ impl Recorder {
         self.warn("default", object, reason, message).await;
     }
 
+    /// Bounded by [`POST_TIMEOUT`]: events are posted on failure paths, often while the API
+    /// server is the trouble, and must not hold up the retry they report.
     async fn warn(&self, namespace: &str, object: ObjectReference, reason: &str, message: &str) {
+        if tokio::time::timeout(POST_TIMEOUT, self.post(namespace, object, reason, message)).await.is_err() {
+            tracing::debug!(reason, "posting an event timed out");
+        }
+    }
+
+    async fn post(&self, namespace: &str, object: ObjectReference, reason: &str, message: &str) {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let name = format!("{}.migdra-{}", object.name.as_deref().unwrap_or("unknown"), reason.to_ascii_lowercase());
         let now = Time(k8s_openapi::jiff::Timestamp::now());

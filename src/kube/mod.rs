@@ -10,8 +10,10 @@
 //! - [`claim_status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
 //! - [`device_classes`]: the DeviceClasses for migdra's devices, and slurm-bridge's profiles for them.
 //! - [`events`]: Warning events on failed claims and on the Node.
+//! - [`backoff`]: the jittered, doubling wait between API retries.
 
 pub mod api_calls;
+pub mod backoff;
 pub mod claim_status;
 pub mod claims;
 pub mod device_classes;
@@ -43,20 +45,21 @@ pub fn error_text(e: &kube::Error) -> String {
 }
 
 /// Run `call` until it succeeds, fails for good, or `budget` runs out; transient failures are
-/// retried after 100 ms, doubling up to 5 s. `what` names the call in the log.
+/// retried after about 100 ms, doubling up to 5 s ([`backoff::Backoff`]). `what` names the call
+/// in the log.
 pub async fn retry_transient<T, F, Fut>(budget: Duration, what: &str, mut call: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, kube::Error>>,
 {
     let deadline = tokio::time::Instant::now() + budget;
-    let mut wait = Duration::from_millis(100);
+    let mut backoff = backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
+        let wait = backoff.next_wait();
         match call().await {
             Err(e) if transient(&e) && tokio::time::Instant::now() + wait < deadline => {
                 tracing::debug!(error = %e, retry_in = ?wait, "{what} failed; retrying");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(5));
             }
             r => return r,
         }

@@ -64,6 +64,11 @@ pub struct Published {
     pub updated: usize,
     pub deleted: usize,
     pub unchanged: usize,
+    /// The resourceVersion of the list this round compared against: the watch for drift starts
+    /// there, so it sees every change after it and replays nothing.
+    pub listed_at: Option<String>,
+    /// The resourceVersions of this round's own writes, which the watch then sees and skips.
+    pub written: BTreeSet<String>,
 }
 
 /// Longest wait between two failed publishes: short, so the pool is back soon after an outage.
@@ -189,12 +194,13 @@ impl Publisher {
             .await
             .map_err(|e| crate::gpu::GpuError::Invalid(e.to_string()))??;
         let (labels, fields) = self.selector();
-        let existing = self
+        let list = self
             .api()
             .list(&ListParams::default().labels(&labels).fields(&fields))
             .await
-            .map_err(|source| PublishError::Api { op: "list our ResourceSlices", source })?
-            .items;
+            .map_err(|source| PublishError::Api { op: "list our ResourceSlices", source })?;
+        let listed_at = list.metadata.resource_version;
+        let existing = list.items;
         let current_gen = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
         let build = |generation: i64| -> Result<Vec<ResourceSlice>, PublishError> {
             let mut built = slices::build(&self.driver, &self.node, node_uid.as_deref(), generation, layout, &gpus)?;
@@ -209,7 +215,8 @@ impl Publisher {
         let extra =
             existing.iter().filter(|have| !same_gen.iter().any(|w| w.metadata.name == have.metadata.name)).count();
         let all_present = same_gen.iter().all(|w| existing.iter().any(|h| h.metadata.name == w.metadata.name));
-        let mut report = Published { layout: Some(layout), generation: current_gen.max(1), ..Default::default() };
+        let mut report =
+            Published { layout: Some(layout), generation: current_gen.max(1), listed_at, ..Default::default() };
         if changed.is_empty() && extra == 0 && current_gen > 0 {
             report.unchanged = same_gen.len();
             return Ok(report);
@@ -235,6 +242,7 @@ impl Publisher {
                         .map_err(|source| PublishError::Api { op: "update a ResourceSlice", source })?;
                     warn_if_dropped(want, &written);
                     self.note_dropped_taints(want, &written);
+                    report.written.extend(written.metadata.resource_version);
                     report.updated += 1;
                 }
                 None => {
@@ -244,6 +252,7 @@ impl Publisher {
                         .map_err(|source| PublishError::Api { op: "create a ResourceSlice", source })?;
                     warn_if_dropped(want, &written);
                     self.note_dropped_taints(want, &written);
+                    report.written.extend(written.metadata.resource_version);
                     report.created += 1;
                 }
             }
@@ -318,7 +327,7 @@ impl Publisher {
     /// failures with backoff.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut wait = Duration::from_millis(200);
+        let mut backoff = super::backoff::Backoff::new(Duration::from_millis(200), MAX_BACKOFF);
         let mut status = PublishStatus::starting(&publish_status::now());
         loop {
             let seen = self.health().await;
@@ -326,6 +335,7 @@ impl Publisher {
             crate::metrics::METRICS
                 .slice_publish(published.as_ref().ok().map(|p| p.created + p.updated + p.deleted > 0));
             let failure = published.as_ref().err().map(|e| self.failure(e));
+            let since = published.as_ref().ok().map(|p| (p.listed_at.clone(), p.written.clone()));
             status = status.after(&publish_status::now(), failure.clone());
             self.record(&status);
             match published {
@@ -333,9 +343,10 @@ impl Publisher {
                     if p.created + p.updated + p.deleted > 0 {
                         tracing::info!(layout = ?p.layout, generation = p.generation, created = p.created, updated = p.updated, deleted = p.deleted, "published ResourceSlices");
                     }
-                    wait = Duration::from_millis(200);
+                    backoff.reset();
                 }
                 Err(_) => {
+                    let wait = backoff.next_wait();
                     let failure = failure.unwrap_or_default();
                     tracing::warn!(error = %failure, retry_in = ?wait, "publishing ResourceSlices failed");
                     if let Some(events) = &self.events {
@@ -345,13 +356,13 @@ impl Publisher {
                         () = &mut shutdown => return,
                         () = tokio::time::sleep(wait) => {}
                     }
-                    wait = (wait * 2).min(MAX_BACKOFF);
                     continue;
                 }
             }
+            let (listed_at, written) = since.unwrap_or_default();
             tokio::select! {
                 () = &mut shutdown => return,
-                () = self.watch_for_drift() => {}
+                () = self.watch_for_drift(listed_at.as_deref(), &written) => {}
                 () = self.health_change(&seen) => {
                     tracing::info!("GPU health changed: publishing the taints again");
                     *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) = None;
@@ -375,31 +386,32 @@ impl Publisher {
         }
     }
 
-    /// Returns when our slices may have drifted: a deletion or a change by someone else, a
-    /// broken watch, or the resync period.
-    async fn watch_for_drift(&self) {
+    /// Returns when our slices may have drifted since the list at `listed_at`: a deletion or a
+    /// change that is not one of our own `written` versions, a broken or expired watch, or the
+    /// resync period. Without a list version (none came back) the resync alone decides.
+    async fn watch_for_drift(&self, listed_at: Option<&str>, written: &BTreeSet<String>) {
+        let deadline = tokio::time::sleep(self.resync);
+        tokio::pin!(deadline);
+        let Some(from) = listed_at else { return deadline.await };
         let (labels, fields) = self.selector();
         let params =
             WatchParams::default().labels(&labels).fields(&fields).timeout(self.resync.as_secs().clamp(1, 290) as u32);
-        let deadline = tokio::time::sleep(self.resync);
-        tokio::pin!(deadline);
-        let Ok(stream) = self.api().watch(&params, "0").await else {
+        let Ok(stream) = self.api().watch(&params, from).await else {
             tokio::time::sleep(Duration::from_secs(1)).await;
             return;
         };
         let mut stream = stream.boxed();
-        let mut seen_initial = false;
+        let ours = |s: &ResourceSlice| s.metadata.resource_version.as_ref().is_some_and(|v| written.contains(v));
         loop {
             tokio::select! {
                 () = &mut deadline => return,
                 event = stream.next() => match event {
-                    // From "0" the server replays what exists as ADDED first; only later events are drift.
-                    Some(Ok(WatchEvent::Added(_))) if !seen_initial => {}
-                    Some(Ok(WatchEvent::Bookmark(_))) => seen_initial = true,
-                    Some(Ok(WatchEvent::Deleted(_) | WatchEvent::Modified(_) | WatchEvent::Added(_))) => return,
-                    Some(Ok(WatchEvent::Error(_)) | Err(_)) | None => return,
+                    Some(Ok(WatchEvent::Added(s) | WatchEvent::Modified(s))) if ours(&s) => {}
+                    Some(Ok(WatchEvent::Bookmark(_))) => {}
+                    // Someone else's change or deletion; or an expired version (410), a broken
+                    // watch, the server's timeout: publish again, which lists anew.
+                    Some(Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_) | WatchEvent::Error(_)) | Err(_)) | None => return,
                 },
-                () = tokio::time::sleep(Duration::from_millis(500)), if !seen_initial => seen_initial = true,
             }
         }
     }
