@@ -24,17 +24,20 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[path = "packing/mod.rs"]
+mod study;
+
 use migdra::claims::ClaimRef;
 use migdra::kube::slices::{self, GpuSlices, Layout};
 use migdra::kubelet::client::{TestKubelet, Version};
 use migdra::mig::catalog;
 use migdra::mig::counters;
 use migdra::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
-use migdra::packing::churn::{self, Setup, Workload};
-use migdra::packing::shards::{self, ShardModel, ShardPick};
 use migdra::packing::{Policy, SliceOrder};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use study::churn::{self, Setup, Workload};
+use study::shards::{self, ShardModel, ShardPick};
 use support::DRIVER;
 use support::claim::{Claim, uid};
 use support::daemon::Daemon;

@@ -15,8 +15,8 @@
 //!   claim status, events, and every API call in one list.
 //! - [`kubelet`]: the kubelet's gRPC APIs over Unix sockets.
 //! - [`metrics`]: the Prometheus endpoint of `migdra serve` (off by default).
-//! - [`packing`]: the scheduler's first fit as a model, device orders, and a churn workload to
-//!   compare them.
+//! - [`packing`]: the scheduler's first fit as a model, and the device orders `--device-order`
+//!   publishes (the studies that compare them are in benches/packing/).
 //! - [`cli`]: the `migdra` subcommands.
 //! - [`duration`], [`files`], [`names`]: one parser for durations, durable writes and owned
 //!   directories, and Kubernetes' name rules: the primitives every layer above shares.

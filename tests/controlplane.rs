@@ -17,6 +17,10 @@
 
 mod support;
 
+// The packing studies of benches/packing/: their unit tests run here.
+#[path = "../benches/packing/mod.rs"]
+mod study;
+
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Api;

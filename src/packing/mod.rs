@@ -14,17 +14,13 @@
 //!   large ones, (c) re-ranked after every change so first fit is best fit, (d) (c) plus steering
 //!   by omission on 1.34/1.35: free placements of a profile are published only on the GPU that
 //!   fits it best, while every allocated device stays published.
-//! - [`churn`]: the reference workload (Poisson arrivals, exponential lifetimes, a profile mix),
-//!   run through the model, with acceptance and fragmentation.
-//! - [`shards`]: Slurm's choice of GPU for a shard job, and how often the claim pinned to it
-//!   finds the shards but no placement (docs/bridge-contract.md, "Where shards and placements
-//!   disagree").
+//!
+//! The studies that measure these orders (the reference churn workload, and Slurm's choice of GPU
+//! for shard jobs) live beside the bench that prints them, in `benches/packing/`: the daemon runs
+//! only [`policy::order_devices`].
 
 pub mod allocator;
-pub mod churn;
 pub mod policy;
-pub mod shards;
 
 pub use allocator::{Dev, Node, SliceOrder};
-pub use churn::{Stats, Workload};
 pub use policy::{DeviceOrder, Policy};

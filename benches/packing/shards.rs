@@ -11,12 +11,12 @@
 //!
 //! GPU positions here are Slurm indexes: migdra orders a node's GPUs in Slurm's order.
 
-use super::allocator::{self, Dev, Node, Rng, SliceOrder};
 use super::churn::{self, Workload, ratio};
-use super::policy::{self, Policy};
-use crate::mig::catalog::{GiProfile, GpuModel};
-use crate::mig::devices::shards_for;
-use crate::mig::rules::Placed;
+use migdra::mig::catalog::{GiProfile, GpuModel};
+use migdra::mig::devices::shards_for;
+use migdra::mig::rules::Placed;
+use migdra::packing::allocator::{self, Dev, Node, Rng, SliceOrder};
+use migdra::packing::policy::{self, Policy};
 use std::collections::BTreeMap;
 
 /// How slurmctld picks the GPU for a one-node `--gres=shard:N` job (select/cons_tres). Both
@@ -243,7 +243,7 @@ pub fn run_pinned_seeds(workload: &Workload, policy: Policy, shards: ShardModel,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mig::catalog::model;
+    use migdra::mig::catalog::model;
 
     fn h100() -> &'static GpuModel {
         model("h100-80gb").unwrap()

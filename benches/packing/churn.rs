@@ -5,9 +5,9 @@
 //! not queued). The load is requests per GPU per mean lifetime. Every request asks for one
 //! partition of one profile; the first `warmup` arrivals fill the node and are not counted.
 
-use super::allocator::{self, Dev, Node, Rng, SliceOrder};
-use super::policy::{self, Policy};
-use crate::mig::catalog::{GiProfile, GpuModel};
+use migdra::mig::catalog::{GiProfile, GpuModel};
+use migdra::packing::allocator::{self, Dev, Node, Rng, SliceOrder};
+use migdra::packing::policy::{self, Policy};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -39,7 +39,7 @@ impl Workload {
             ("7g.80gb", 0.10),
         ];
         Self {
-            model: crate::mig::catalog::model("h100-80gb").expect("the catalog has the H100"),
+            model: migdra::mig::catalog::model("h100-80gb").expect("the catalog has the H100"),
             gpus: 8,
             mix: mix.iter().map(|(p, s)| (p.to_string(), *s)).collect(),
             load: 2.5,
