@@ -4,7 +4,7 @@
 # ResourceSlices it would publish for this node.
 #
 # It creates and destroys nothing and changes no GPU setting: it runs only `migdra layout` and
-# `migdra slices`, which query NVML (tests/nvml.rs checks that those two commands call no NVML
+# `migdra slices`, which query NVML (tests/process/nvml.rs checks that those two commands call no NVML
 # function that creates, destroys or changes anything), plus nvidia-smi's list commands and
 # reads of /proc.
 #

@@ -5,7 +5,7 @@
 # its default), then `helm package` into a temporary directory and `helm template` of the
 # package, which must render what the directory does (files/ holds links into daemonset/base/).
 # helm is built from its pinned Go module when missing (hack/build-helm.sh, cached outside the
-# repo). Prints one line per render: its objects by kind. tests/chart.rs compares the renders
+# repo). Prints one line per render: its objects by kind. tests/library/chart.rs compares the renders
 # with kustomize's object by object.
 #
 # Usage: hack/render-chart.sh

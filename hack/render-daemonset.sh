@@ -2,7 +2,7 @@
 # Renders daemonset/ with kustomize, failing on any error: the base as an admin applies it
 # (daemonset/), each overlay under daemonset/overlays/, and daemonset/examples/. kustomize is built
 # from its pinned Go module when missing (hack/build-kustomize.sh, cached outside the repo).
-# Prints one line per directory: its objects by kind. tests/manifests.rs then parses the same
+# Prints one line per directory: its objects by kind. tests/library/manifests.rs then parses the same
 # renders into the typed Kubernetes objects (it finds the binary in the same cache, or in
 # MIGDRA_KUSTOMIZE).
 #

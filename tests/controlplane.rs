@@ -94,7 +94,7 @@ impl Cluster {
     }
 
     /// [`Self::start`]; with `rbac`, first `helm install` the chart with its default values
-    /// (tests/chart.rs shows its objects are the kustomize base's: RBAC, admission policy,
+    /// (tests/library/chart.rs shows its objects are the kustomize base's: RBAC, admission policy,
     /// DeviceClasses, Slurm index map, and the DaemonSet, which no kubelet runs here), or without
     /// helm (when not required) apply daemonset/base/rbac.yaml and admission-policy.yaml; then
     /// run `migdra serve` as its service account on `NODE` (impersonated: [`SERVICE_ACCOUNT`], its
@@ -889,7 +889,7 @@ fn service_account_kubeconfig(cp: &ControlPlane, node: &str) -> PathBuf {
 }
 
 /// The Helm chart installs on the API server, and `migdra serve` with only its
-/// ClusterRole (the kustomize base's, by tests/chart.rs; its service account, impersonated on
+/// ClusterRole (the kustomize base's, by tests/library/chart.rs; its service account, impersonated on
 /// node-a) publishes, and prepares and unprepares a claim through the real scheduler, writing the
 /// claim status. With the same identity, a slice of another node is refused by the chart's
 /// admission policy (daemonset/base/admission-policy.yaml's).

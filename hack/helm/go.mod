@@ -1,5 +1,5 @@
 // Pins for building helm, which lints, renders and packages daemonset/helm/migdra in CI
-// (hack/render-chart.sh) and renders it in tests/chart.rs. Nothing imports this module;
+// (hack/render-chart.sh) and renders it in tests/library/chart.rs. Nothing imports this module;
 // hack/build-helm.sh runs `go build helm.sh/helm/v4/cmd/helm` inside it. Debian ships no helm,
 // so it is built from its published module like kustomize.
 // v4.3.1 is the newest helm on the module proxy; its go.mod asks for Go 1.26, which CI has.

@@ -1,5 +1,5 @@
 //! The releases of migdra's peers that CI runs every test against, in one place: `migdra
-//! --version` prints them, and tests/docs.rs fails when a document names a release that is not
+//! --version` prints them, and tests/library/docs.rs fails when a document names a release that is not
 //! here or when this list drifts from the pins in hack/.
 
 macro_rules! releases {

@@ -3,7 +3,7 @@
 //! [`GpuBackend`] has two implementations: [`sim::SimBackend`], a faithful simulator used by the
 //! tests, the demo and `--sim`, and [`nvml::NvmlBackend`], the real one, which loads
 //! libnvidia-ml at run time ([`procfs`] supplies what NVML does not: capability minors and the
-//! boot ID). Both pass one conformance suite (`tests/conformance.rs`). Calls are blocking, like
+//! boot ID). Both pass one conformance suite (`tests/library/conformance.rs`). Calls are blocking, like
 //! NVML; async callers run them on a blocking thread.
 
 pub mod nvml;

@@ -1,9 +1,9 @@
 //! Every Kubernetes API call migdra makes, in one place, so the RBAC in `daemonset/rbac.yaml` can
-//! be checked against it (`tests/manifests.rs`): each call here must be allowed by the
+//! be checked against it (`tests/library/manifests.rs`): each call here must be allowed by the
 //! ClusterRole, and a rule that no call here needs must be a documented allowance there.
 //!
 //! Add a line when code in `src/` starts calling the API (a new `Api` method, a new resource or
-//! subresource); `tests/manifests.rs` also scans `src/` for `kube::Api` methods and fails on a
+//! subresource); `tests/library/manifests.rs` also scans `src/` for `kube::Api` methods and fails on a
 //! call this list does not name for that file.
 
 /// Which objects of a resource a call touches.

@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::process::{Command, Output};
 
 /// Every environment variable migdra reads (clap `env` attributes and `std::env::var` calls in
-/// src/, the kube client's in-cluster configuration), and the fake libnvidia-ml's. tests/harness.rs
+/// src/, the kube client's in-cluster configuration), and the fake libnvidia-ml's. tests/library/harness.rs
 /// checks that src/ reads no other.
 pub const SCRUBBED: &[&str] = &[
     // Global flags (src/cli/mod.rs, src/cli/slurmflags.rs).

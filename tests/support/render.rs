@@ -6,7 +6,7 @@
 //! - Without one a test skips what needs it, saying so, unless `MIGDRA_REQUIRE_RENDERS=1` (set by
 //!   .ci/run, which builds both first): then it fails with the command that builds it.
 //!
-//! tests/manifests.rs includes this file alone (`#[path]`), so it uses nothing else of support/,
+//! tests/library/manifests.rs includes this file alone (`#[path]`), so it uses nothing else of support/,
 //! and allows what that binary leaves unused, as support/mod.rs does for the rest.
 #![allow(dead_code)]
 

@@ -1,6 +1,6 @@
 //! A test that cannot run here says so in one line that `hack/test.sh` counts as skipped, or fails
 //! when the variable that requires it is `1` (`.ci/run` sets every one): nothing skips silently.
-#![allow(dead_code)] // tests/manifests.rs includes this file alone and needs one constant
+#![allow(dead_code)] // tests/library/manifests.rs includes this file alone and needs one constant
 
 /// `MIGDRA_REQUIRE_SLURM=1`: a missing Slurm fails the test.
 pub const SLURM: &str = "MIGDRA_REQUIRE_SLURM";

@@ -1,6 +1,6 @@
 {{/*
 Helm's standard labels, on every object's metadata (not on the pod template or the selector, so
-that upgrading the chart alone restarts no pod). tests/chart.rs ignores exactly these four when it
+that upgrading the chart alone restarts no pod). tests/library/chart.rs ignores exactly these four when it
 compares the chart with the kustomize base.
 */}}
 {{- define "migdra.labels" -}}

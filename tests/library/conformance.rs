@@ -7,14 +7,12 @@
 //! on: discovery equal to the hardware, exact placements, NVML's error codes, MIG UUIDs, health
 //! from XIDs, capability minors and the boot ID.
 
-mod support;
-
+use crate::support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode};
 use migdra::gpu::sim::{Fault, SimBackend, SimSpec};
 use migdra::gpu::{GpuBackend, GpuError, GpuInstance, NvmlCode, SIM_CAPS_MAJOR, capability_minors, xid};
 use migdra::mig::catalog;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode};
 
 /// H100 80GB profile IDs (docs/facts/mig-nvml.md §1.4).
 const P1G: u32 = 19;

@@ -2,12 +2,10 @@
 //! bad-input contract (one line naming the bad value and the valid choices, exit 2, state file
 //! untouched).
 
-mod support;
-
+use crate::support::command::{self, Run};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
-use support::command::{self, Run};
 
 fn migdra(args: &[&str]) -> Output {
     command::migdra().args(args).run()
@@ -584,13 +582,13 @@ fn profiles_allowlist_publishes_only_its_profiles_and_refuses_bad_names() {
 /// ordinary request is refused in one line, with nothing written.
 #[test]
 fn an_admin_access_claim_file_prepares_a_spec_and_no_instance() {
-    use support::claim::{Claim, uid};
-    use support::node::NodeDir;
+    use crate::support::claim::{Claim, uid};
+    use crate::support::node::NodeDir;
     let node = NodeDir::new().simulate("h100-80gb:1");
     let minor = node.minors()[0];
     let device = format!("gpu-{minor}-mig-1g10gb-19-0");
     let monitor = |n| {
-        let result = serde_json::json!({"request": "gpu", "driver": support::DRIVER, "pool": node.node_name(), "device": device, "adminAccess": true});
+        let result = serde_json::json!({"request": "gpu", "driver": crate::support::DRIVER, "pool": node.node_name(), "device": device, "adminAccess": true});
         Claim::new(uid(n)).result(result)
     };
     node.write(&monitor(1));

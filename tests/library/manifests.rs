@@ -18,10 +18,7 @@
 //!   variables the CLI reads, and the Slurm index map's file and format.
 #![allow(clippy::print_stdout)] // the tests report what they checked and the kustomize renders
 
-#[path = "support/render.rs"]
-mod render;
-#[path = "support/skip.rs"]
-mod skip;
+use crate::support::render;
 
 use clap::CommandFactory;
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
@@ -74,7 +71,7 @@ fn is_kustomization(path: &Path) -> bool {
 }
 
 /// Directories of daemonset/ without Kubernetes objects: slurm-bridge's configuration for
-/// migdra's classes (tests/cli.rs checks it against `migdra device-classes --slurm-bridge`), and
+/// migdra's classes (tests/process/cli.rs checks it against `migdra device-classes --slurm-bridge`), and
 /// the Helm chart, whose templates are checked through their renders.
 const NOT_MANIFESTS: [&str; 2] = ["slurm-bridge", "helm"];
 
@@ -997,7 +994,7 @@ fn daemonset_runs_migdra_as_the_code_expects() {
     let nvml_lib = env.get("MIGDRA_NVML_LIB").and_then(|e| e.value.as_deref()).expect("MIGDRA_NVML_LIB is set");
     assert!(nvml_lib.starts_with("/driver-root/"), "{nvml_lib} is not under the driver root's mount");
 
-    // Probes ask the daemon through `migdra probe` (tests/probe.rs), which finds this pod's
+    // Probes ask the daemon through `migdra probe` (tests/process/probe.rs), which finds this pod's
     // sockets from the same environment as serve; the image puts the binary at that path, and
     // the kubelet's timeout leaves the probe's own --timeout room to report. Readiness alone
     // also needs the node's ResourceSlices published (--ready): liveness must not restart every

@@ -4,21 +4,19 @@
 
 #![allow(clippy::print_stdout)] // the outage test prints its convergence time
 
-mod support;
-
+use crate::support::claim::Claim;
+use crate::support::cluster::complete;
+use crate::support::daemon::Daemon;
+use crate::support::eventually::eventually;
+use crate::support::fake_apiserver::{ApiServer, Options};
+use crate::support::node::NodeDir;
+use crate::support::{DRIVER, NAMESPACE, NODE};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use migdra::claims::ClaimRef;
 use migdra::kube::slices::{self, Layout};
 use migdra::kubelet::client::Version;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use support::claim::Claim;
-use support::cluster::complete;
-use support::daemon::Daemon;
-use support::eventually::eventually;
-use support::fake_apiserver::{ApiServer, Options};
-use support::node::NodeDir;
-use support::{DRIVER, NAMESPACE, NODE};
 
 const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
 
@@ -301,7 +299,7 @@ async fn a_minute_long_outage_converges_by_itself() {
 /// Publishing problems show on the Node as a Warning event, and clear up by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishing_problems_are_reported_on_the_node() {
-    use support::fake_apiserver::{Fault, FaultKind};
+    use crate::support::fake_apiserver::{Fault, FaultKind};
     let api = ApiServer::start().await;
     api.fault(Fault {
         method: Some(hyper::Method::POST),

@@ -4,20 +4,18 @@
 
 #![allow(clippy::print_stdout)] // the scrape is printed for the README (--show-output)
 
-mod support;
-
+use crate::support::claim::Claim;
+use crate::support::command::{Run, migdra};
+use crate::support::daemon::Daemon;
+use crate::support::eventually::eventually;
+use crate::support::logs::file_tail;
+use crate::support::node::NodeDir;
+use crate::support::{NAMESPACE, NODE};
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::Version;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::time::Duration;
-use support::claim::Claim;
-use support::command::{Run, migdra};
-use support::daemon::Daemon;
-use support::eventually::eventually;
-use support::logs::file_tail;
-use support::node::NodeDir;
-use support::{NAMESPACE, NODE};
 
 const UID: &str = "5b0c2f3e-9a41-4d2e-8f00-000000000001";
 

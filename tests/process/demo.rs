@@ -1,9 +1,7 @@
 //! `migdra demo` is README's first command: it must run the real daemon end to end and tell the
 //! story it promises.
 
-mod support;
-
-use support::command::{Run, migdra};
+use crate::support::command::{Run, migdra};
 
 #[test]
 fn the_demo_runs_the_daemon_through_a_day_and_leaves_nothing_behind() {

@@ -1,12 +1,10 @@
 //! The harness's own promise: a test's child process sees none of the settings migdra reads
 //! from the environment, whatever the shell that runs the tests exports.
 
-mod support;
-
+use crate::support::command::{INHERITED, SCRUBBED, SCRUBBED_PREFIXES, migdra};
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::path::Path;
-use support::command::{INHERITED, SCRUBBED, SCRUBBED_PREFIXES, migdra};
 
 /// The quoted names after each `pattern` in `text`.
 fn names_after(text: &str, pattern: &str) -> Vec<String> {

@@ -4,8 +4,13 @@
 //! call nothing that changes a GPU; older drivers and GPUs the catalog does not know still work;
 //! a node without a driver fails at start with one clear line.
 
-mod support;
-
+use crate::support::claim::Claim;
+use crate::support::cluster::complete;
+use crate::support::command::{Run, migdra, scrubbed};
+use crate::support::eventually::eventually;
+use crate::support::fake_apiserver::ApiServer;
+use crate::support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
+use crate::support::{DRIVER, NODE};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use migdra::gpu::nvml::NvmlBackend;
 use migdra::gpu::nvml::discovery::same_partitions;
@@ -16,13 +21,6 @@ use migdra::mig::catalog;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::claim::Claim;
-use support::cluster::complete;
-use support::command::{Run, migdra, scrubbed};
-use support::eventually::eventually;
-use support::fake_apiserver::ApiServer;
-use support::fake_nvml::{FAKE_CAPS_MAJOR, FakeNode, library};
-use support::{DRIVER, NODE};
 
 /// NVML calls that change the hardware or its MIG mode.
 const MUTATING: [&str; 5] = [

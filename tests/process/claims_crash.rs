@@ -4,12 +4,10 @@
 
 #![allow(clippy::print_stdout)] // the test prints its counts
 
-mod support;
-
+use crate::support::command::Run;
+use crate::support::node::NodeDir;
 use migdra::prepare::Step;
 use std::process::Output;
-use support::command::Run;
-use support::node::NodeDir;
 
 /// As `MIGDRA_CRASH_AT` takes them; the first test checks this is every step there is.
 const STEPS: [&str; 11] = [

@@ -4,16 +4,14 @@
 //! and change nothing unless told; `cleanup` finds orphans, stale CDI specs and lost claims and
 //! fixes them only without `--dry-run`, never touching a static GPU.
 
-mod support;
-
+use crate::support::DRIVER;
+use crate::support::claim::uid;
+use crate::support::command::{Run, migdra};
+use crate::support::fake_nvml::FakeNode;
+use crate::support::node::NodeDir;
 use migdra::gpu::GpuBackend;
 use serde_json::Value;
 use std::process::{Command, Output};
-use support::DRIVER;
-use support::claim::uid;
-use support::command::{Run, migdra};
-use support::fake_nvml::FakeNode;
-use support::node::NodeDir;
 
 /// The operator's view of a node: every command with GPU 1 static (`--mig-mode-override 1=static`).
 struct Node<'a>(&'a NodeDir);

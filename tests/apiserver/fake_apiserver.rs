@@ -1,17 +1,15 @@
 //! The fake API server of tests/support, driven through kube::Api with k8s-openapi types, as
 //! production code will drive it (and a real kube-apiserver later).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::fake_apiserver::{ApiServer, Fault, FaultKind, Options};
 use hyper::Method;
 use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use support::fake_apiserver::{ApiServer, Fault, FaultKind, Options};
 use tokio_stream::{Stream, StreamExt};
 
 fn typed<T: DeserializeOwned>(v: Value) -> T {

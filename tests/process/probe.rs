@@ -7,17 +7,15 @@
 
 #![allow(clippy::print_stdout)] // each case prints what the probe said and how long it took (--show-output)
 
-mod support;
-
+use crate::support::command::Run;
+use crate::support::daemon::Daemon;
+use crate::support::eventually::eventually;
+use crate::support::fake_apiserver::ApiServer;
+use crate::support::node::NodeDir;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::command::Run;
-use support::daemon::Daemon;
-use support::eventually::eventually;
-use support::fake_apiserver::ApiServer;
-use support::node::NodeDir;
 
 const POD_UID: &str = "6f1c2c8e-0b7e-4a57-9d0e-probe0000001";
 
@@ -201,7 +199,7 @@ async fn not_ready_before_the_first_publication() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_follows_publication_and_a_restart_starts_unready() {
     let api = ApiServer::start().await;
-    api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": support::NODE}}));
+    api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": crate::support::NODE}}));
     let node = node_with_api_server(&api.url());
     let mut daemon = started(&node).await;
     let _kubelet = daemon.register().await;

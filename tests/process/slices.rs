@@ -4,8 +4,7 @@
 
 #![allow(clippy::print_stdout)] // the test prints the slice counts per layout
 
-mod support;
-
+use crate::support::command::Run;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use migdra::kube::slices::{self, Layout};
 use migdra::mig::catalog::model;
@@ -14,7 +13,6 @@ use migdra::mig::naming::DeviceName;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use support::command::Run;
 
 const SIM: &str = "h100-80gb:16";
 
@@ -29,7 +27,7 @@ struct List {
 
 fn migdra(dir: &Path, args: &[&str]) -> String {
     let state = dir.join("sim.json");
-    support::command::migdra()
+    crate::support::command::migdra()
         .args(["--sim", SIM, "--sim-state", state.to_str().unwrap(), "--node-name", "node-a"])
         .args(["--state-dir", dir.join("state").to_str().unwrap()])
         .args(args)
@@ -205,7 +203,7 @@ fn misplaced(inventory: &[(String, i64, i64)]) -> Vec<String> {
 /// slurmd and /etc/slurm never decide anything).
 fn on_node(dir: &Path, spec: &str, args: &[&str]) -> String {
     let state = dir.join("sim.json");
-    support::command::migdra()
+    crate::support::command::migdra()
         .args(["--sim", spec, "--sim-state", state.to_str().unwrap(), "--node-name", "node-a"])
         .args(["--state-dir", dir.join("state").to_str().unwrap(), "--slurmd", "none"])
         .args(["--slurm-conf", dir.join("slurm.conf").to_str().unwrap()])

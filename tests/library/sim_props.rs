@@ -2,14 +2,12 @@
 //! GPU models. After every step the hardware must be something NVML could hold, the simulator must
 //! have answered each create exactly as the placement rules say, and the state file must round-trip.
 
-mod support;
-
+use crate::support::command::Run;
 use migdra::gpu::sim::{SimBackend, SimSpec, SimState};
 use migdra::gpu::{GpuBackend, NvmlCode};
 use migdra::mig::catalog::{self, GpuModel};
 use migdra::mig::rules::{self, Placed};
 use proptest::prelude::*;
-use support::command::Run;
 
 const GPUS: usize = 4;
 
@@ -161,7 +159,7 @@ fn run(extra: usize, steps: Vec<Step>) -> Result<(), TestCaseError> {
     let reopened = SimBackend::open(&path, None).unwrap();
     prop_assert_eq!(reopened.state().unwrap(), last.clone());
     // Another process reads the same hardware from the file.
-    let out = support::command::migdra().args(["layout", "-o", "json", "--sim-state"]).arg(&path).run();
+    let out = crate::support::command::migdra().args(["layout", "-o", "json", "--sim-state"]).arg(&path).run();
     prop_assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     prop_assert_eq!(v["boot_id"].as_str(), Some(last.boot_id.as_str()));

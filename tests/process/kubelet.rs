@@ -6,8 +6,11 @@
 
 #![allow(clippy::print_stdout)] // tests that measure print their figures
 
-mod support;
-
+use crate::support::claim::{claim_ref, uid};
+use crate::support::command::{Run, migdra};
+use crate::support::eventually::eventually;
+use crate::support::node::NodeDir;
+use crate::support::{DRIVER, NAMESPACE, NODE};
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::{Device, Prepared, TestKubelet, Version};
 use migdra::kubelet::proto::health_v1::{HealthStatus, NodeWatchResourcesResponse};
@@ -16,11 +19,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::claim::{claim_ref, uid};
-use support::command::{Run, migdra};
-use support::eventually::eventually;
-use support::node::NodeDir;
-use support::{DRIVER, NAMESPACE, NODE};
 
 const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
 /// Every CI create takes 2 s: long enough to do something to a prepare in flight.
@@ -270,8 +268,8 @@ async fn a_missing_host_device_node_fails_the_prepare_in_one_line() {
     assert_eq!(node.checkpoint(), Vec::<Value>::new());
     assert_eq!(node.cdi_specs(), 0);
 
-    if !support::node::make_device_nodes(host.path(), &m) {
-        support::skip::skip(support::skip::ROOT, "the present-nodes half: mknod refused (not root)");
+    if !crate::support::node::make_device_nodes(host.path(), &m) {
+        crate::support::skip::skip(crate::support::skip::ROOT, "the present-nodes half: mknod refused (not root)");
         return;
     }
     assert_device(&ok_devices(&kubelet.prepare(Version::V1, &[claim_ref(&a)]).await.unwrap(), &a), &a, &dev);

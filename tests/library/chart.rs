@@ -8,21 +8,19 @@
 //!   the Namespace, which `helm install --create-namespace` makes and the chart renders only with
 //!   `namespace.create=true` (then exactly the base's).
 //! - The packaged chart (`helm package`) renders what the directory does: files/ holds links into
-//!   daemonset/base/, so the DeviceClasses (`migdra device-classes`, checked by tests/cli.rs) and
+//!   daemonset/base/, so the DeviceClasses (`migdra device-classes`, checked by tests/process/cli.rs) and
 //!   the Slurm index map exist once.
 //! - The values: the schema's choices are the CLI's, every value is in daemonset/README.md's
 //!   table with its default, and setting them renders what `migdra serve` reads.
 //!
-//! The typed round trip, CEL and RBAC checks of tests/manifests.rs also run on the chart's
+//! The typed round trip, CEL and RBAC checks of tests/library/manifests.rs also run on the chart's
 //! renders; tests/controlplane.rs applies the chart's render to a real API server.
 #![allow(clippy::print_stdout)] // the tests report what they compared
 
-mod support;
-
+use crate::support::render::{self, CHART, CHART_VALUES_DIR, HELM, KUSTOMIZE, NAMESPACE, RELEASE, repo};
 use clap::CommandFactory;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
-use support::render::{self, CHART, CHART_VALUES_DIR, HELM, KUSTOMIZE, NAMESPACE, RELEASE, repo};
 
 /// The labels Helm's conventions put on every object, which the kustomize base does not have.
 const HELM_LABELS: [&str; 4] =
