@@ -13,7 +13,9 @@
 //!   the same file);
 //! - (d) nothing cites what is not in the repository: the design and style notes and the research
 //!   notes that lived outside it, a section with no file, or a numbered issue of this project
-//!   (upstream issues name their repository, like `kubernetes/kubernetes#140802`).
+//!   (upstream issues name their repository, like `kubernetes/kubernetes#140802`);
+//! - (e) every Kubernetes or Slurm release the docs name is one CI tests (`src/cli/tested.rs`),
+//!   and that list is the one `hack/` pins.
 //!
 //! All failures are listed at once, each as `file:line: what`. This file is not scanned: its
 //! patterns would match themselves.
