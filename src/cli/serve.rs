@@ -96,6 +96,12 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
             "--metrics-addr {addr} is not a loopback address; use 127.0.0.1:PORT, or add --metrics-allow-remote to serve metrics to the network"
         )));
     }
+    if args.resync < Duration::from_secs(1) {
+        return Err(CliError::Usage(format!(
+            "--resync {:?} is below 1s: every full check lists the node's slices; use e.g. 30s",
+            args.resync
+        )));
+    }
     let taints = global.node.taint_policy()?;
     // Read before anything is made: a kubeconfig that is missing or not YAML is bad input.
     let kubeconfig = match global.node.kubeconfig.as_deref() {

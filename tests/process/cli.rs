@@ -610,6 +610,19 @@ fn an_admin_access_claim_file_prepares_a_spec_and_no_instance() {
     assert_eq!((node.cdi_specs(), node.instances().len()), (0, 0));
 }
 
+/// `serve --resync` below a second would list the node's slices in a tight loop: refused in one
+/// line before anything is made.
+#[test]
+fn serve_refuses_a_resync_below_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let p = state_arg(&plugins);
+    let e =
+        usage_error(&["serve", "--sim", "h100-80gb:1", "--claims-dir", &p, "--plugin-dir", &p, "--resync", "500ms"]);
+    assert!(e.contains("--resync 500ms is below 1s"), "{e}");
+    assert!(!plugins.exists(), "nothing made");
+}
+
 /// `serve --kubeconfig` with a file that is missing or not a kubeconfig, or one whose context
 /// names no cluster: one line naming the file, exit 2, and nothing made or left in the daemon's
 /// directories.
