@@ -280,8 +280,13 @@ fn claim_pod(name: &str, template: &str) -> String {
 /// Everything on the node that says a claim is prepared: instances, CDI specs, metadata.
 type Prepared = (Vec<Instance>, Vec<String>, Vec<String>);
 
+/// Each list sorted: two reads compare equal whatever order NVML or the directory lists them in.
 fn prepared(node: &KubeNode) -> Prepared {
-    (instances(node), cdi_specs(node), metadata_dirs(node))
+    let (mut instances, mut specs, mut metadata) = (instances(node), cdi_specs(node), metadata_dirs(node));
+    instances.sort_unstable();
+    specs.sort_unstable();
+    metadata.sort_unstable();
+    (instances, specs, metadata)
 }
 
 /// A running single-node cluster with the chart installed and the node opted in.

@@ -290,6 +290,7 @@ impl ControlPlane {
         qps: Option<u32>,
         pod_gateway: Option<&str>,
     ) -> Self {
+        super::logs::remember_panics();
         let t0 = Instant::now();
         let api_bin = apiserver_dir.clone().unwrap_or_else(|| bin.clone());
         let dir = tempfile::Builder::new().prefix("migdra-controlplane-").tempdir().unwrap();
@@ -581,6 +582,7 @@ impl Drop for ControlPlane {
             } else {
                 eprintln!("set MIGDRA_KEEP_CONTROLPLANE=1 to keep the control plane's directory");
             }
+            super::logs::repeat_failure();
         }
     }
 }

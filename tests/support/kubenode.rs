@@ -146,6 +146,7 @@ impl KubeNode {
     /// and wait for the kubelet's health endpoint. The Node object registers itself; wait for it
     /// to be Ready with the API.
     pub fn start(cp: &ControlPlane, name: &str, images: &[PathBuf]) -> Self {
+        super::logs::remember_panics();
         let t0 = Instant::now();
         let bin = bin_dir();
         // A test killed before its teardown (SIGKILL, a timeout) leaves its node running.
@@ -515,6 +516,15 @@ impl Drop for KubeNode {
             for what in ["kubelet", "containerd"] {
                 eprintln!("{}", self.log(what));
             }
+            // The daemon's own account: each migdra container's log, every pod and restart.
+            let pods = std::fs::read_dir(self.dir().join("pod-logs")).into_iter().flatten().flatten();
+            for file in
+                pods.flat_map(|pod| std::fs::read_dir(pod.path().join("migdra")).into_iter().flatten().flatten())
+            {
+                let name = file.path().strip_prefix(self.dir()).unwrap_or(&file.path()).display().to_string();
+                eprintln!("{}", super::logs::file_tail(&name, &file.path(), 25));
+            }
+            super::logs::repeat_failure();
         }
         self.power_off();
         let _ = Command::new("ip").args(["link", "delete", BRIDGE]).output();
