@@ -41,6 +41,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DynamicObject, PostParams, WatchEvent, WatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use migdra::packing::allocator::Rng;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -49,7 +50,6 @@ use std::time::{Duration, Instant};
 use support::cluster::{apply, create_node, repo};
 use support::command::{Run, migdra};
 use support::controlplane::ControlPlane;
-use support::rng::Rng;
 
 const NV_DRIVER: &str = "gpu.nvidia.com";
 /// The pod mix: (profile, weight in percent).
@@ -311,7 +311,7 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
     // Let the scheduler's informers take every slice in before the clock starts.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let mut rng = Rng(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::new(o.seed);
     let wanted: Vec<&str> = (0..o.pods)
         .map(|_| {
             if layout == Layout::Whole {
@@ -388,13 +388,10 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
     }
 }
 
+/// A pod's share of an H100's 8 memory slices, from the catalog: a whole GPU takes all of them.
 fn memory_slices(profile: &str) -> usize {
-    match profile {
-        "1g.10gb" => 1,
-        "2g.20gb" => 2,
-        "3g.40gb" => 4,
-        _ => 8,
-    }
+    let h100 = migdra::mig::catalog::model("h100-80gb").expect("the catalog has the H100 80GB");
+    h100.profile_by_name(profile).map_or(8, |p| p.memory_slices as usize)
 }
 
 fn template_name(profile: &str) -> String {
@@ -713,15 +710,9 @@ fn dns_name(capacity: &str) -> String {
 }
 
 /// A capacity's `value` (`9856Mi`, `40Gi` or `16`) as a number, to take maxima.
-fn quantity(v: &Value) -> u64 {
+fn quantity(v: &Value) -> u128 {
     let s = v["value"].as_str().unwrap();
-    if let Some(n) = s.strip_suffix("Mi") {
-        return n.parse::<u64>().unwrap() << 20;
-    }
-    if let Some(n) = s.strip_suffix("Gi") {
-        return n.parse::<u64>().unwrap() << 30;
-    }
-    s.parse().unwrap()
+    s.parse::<migdra::mig::devices::Quantity>().unwrap_or_else(|e| panic!("{e}")).base()
 }
 
 /// `go tool pprof -top` of a CPU profile of the scheduler taken from its secure port.

@@ -32,6 +32,7 @@ use migdra::mig::catalog::{self, GpuModel};
 use migdra::mig::counters::{self, Counters};
 use migdra::mig::naming::DeviceName;
 use migdra::mig::rules::{self, Placed};
+use migdra::packing::allocator::{Dev, Node, Rng};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -43,7 +44,6 @@ use support::daemon::Daemon;
 use support::eventually::eventually;
 use support::node::NodeDir;
 use support::render;
-use support::rng::Rng;
 use support::{DRIVER, NODE};
 
 const SPEC: &str = "h100-80gb:2,a100-40gb:1:mig-off";
@@ -414,8 +414,9 @@ fn placed_on<'a>(minor: u32, devices: impl IntoIterator<Item = &'a str>) -> Vec<
         .collect()
 }
 
-/// Where `profile` would fit next to `allocated` without moving anything: the first device by
-/// the counter model. The counter model and NVML's rules must agree on every placement.
+/// Where `profile` would fit next to `allocated` without moving anything: the first device, in
+/// GPU and placement order, by the allocator's counter model. The counter model and NVML's rules
+/// must agree on every placement.
 fn first_fit<'a>(gpus: &[Gpu], allocated: impl IntoIterator<Item = &'a str> + Clone, profile: &str) -> Option<String> {
     let mut found = None;
     for gpu in gpus {
@@ -431,12 +432,14 @@ fn first_fit<'a>(gpus: &[Gpu], allocated: impl IntoIterator<Item = &'a str> + Cl
         }
         let Some(p) = gpu.model.profile_by_name(profile) else { continue };
         let existing = placed_on(gpu.minor, allocated.clone());
-        let capacity = counters::CounterSet::for_model(gpu.model).capacity().clone();
+        // The crate's allocator model of this one GPU; it refuses an overlapping allocation.
+        let mut node = Node::new(gpu.model, 1, 1);
+        for &placed in &existing {
+            node.allocate(Dev { gpu: 0, placed });
+        }
         for &start in &p.placements {
             let new = Placed { profile_id: p.id, start };
-            let mut used: Vec<Counters> = existing.iter().map(|e| consumption(gpu.model, *e)).collect();
-            used.push(consumption(gpu.model, new));
-            let by_counters = counters::fits(&capacity, &used);
+            let by_counters = node.fits(Dev { gpu: 0, placed: new });
             let by_rules = rules::admits(gpu.model, &existing, new).is_ok();
             assert_eq!(
                 by_counters, by_rules,
@@ -500,7 +503,7 @@ fn best_fit(gpus: &[Gpu], live: &[String], profile: &str) -> bool {
 /// free device of that profile whose counters fit, walking the published slices by name (1.36+)
 /// and each slice's devices in published order. `None` for a whole GPU (not modelled) or no fit.
 fn model_choice(published: &[ResourceSlice], gpus: &[Gpu], allocated: &[String], profile: &str) -> Option<String> {
-    use migdra::packing::allocator::{Dev, Node, Rng, SliceOrder, first_fit};
+    use migdra::packing::allocator::{SliceOrder, first_fit};
     let mig: Vec<&Gpu> = gpus.iter().filter(|g| g.mig).collect();
     let model = mig.first()?.model;
     let p = model.profile_by_name(profile)?;
@@ -523,21 +526,9 @@ fn model_choice(published: &[ResourceSlice], gpus: &[Gpu], allocated: &[String],
     Some(DeviceName::mig(mig[chosen.gpu].minor, &p.name, p.id, chosen.placed.start).to_string())
 }
 
-/// A quantity as a number in its base unit (bytes, or a count).
+/// A quantity as a number in its base unit (bytes, or a count), read by the crate's own parser.
 fn quantity(q: &str) -> u128 {
-    let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
-    let factor: u128 = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" => 1000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        _ => panic!("unexpected quantity {q:?}"),
-    };
-    n.parse::<u128>().unwrap() * factor
+    q.parse::<migdra::mig::devices::Quantity>().unwrap_or_else(|e| panic!("{e}")).base()
 }
 
 /// Counter name → amount in base units, from the API's counters.
@@ -1105,7 +1096,7 @@ async fn churn_never_refuses_what_fits() {
     // Small partitions come more often than large ones, as on a shared cluster.
     let mix =
         ["1g.10gb", "1g.10gb", "1g.10gb", "2g.20gb", "2g.20gb", "3g.40gb", "3g.40gb", "4g.40gb", "7g.80gb", WHOLE];
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut live: Vec<String> = Vec::new();
     let (mut placed, mut refused, mut late, mut baseline, mut deleted) = (0, 0, 0, 0, 0);
     let mut asked: BTreeMap<&str, (u32, u32)> = BTreeMap::new();

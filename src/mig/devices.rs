@@ -99,6 +99,48 @@ impl std::fmt::Display for Quantity {
     }
 }
 
+/// A quantity string that is not one migdra writes: a plain or decimal-suffixed count, or a
+/// whole number of MiB with a binary suffix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("quantity {0:?} is not a count (16, 2k) or whole MiB (81152Mi, 40Gi)")]
+pub struct QuantityError(pub String);
+
+/// The inverse of `Display`, for reading back what the API server holds: `40Gi` is
+/// `MiB(40960)`, `1k` is `Count(1000)`. Both scales of a quantity compare through [`Self::base`].
+impl std::str::FromStr for Quantity {
+    type Err = QuantityError;
+
+    fn from_str(s: &str) -> Result<Self, QuantityError> {
+        let bad = || QuantityError(s.to_string());
+        let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (n, unit) = s.split_at(digits);
+        let n: u64 = n.parse().map_err(|_| bad())?;
+        let scale = |factor: u64, make: fn(u64) -> Self| n.checked_mul(factor).map(make).ok_or_else(bad);
+        match unit {
+            "" => Ok(Self::Count(n)),
+            "k" => scale(1000, Self::Count),
+            "M" => scale(1_000_000, Self::Count),
+            "G" => scale(1_000_000_000, Self::Count),
+            "T" => scale(1_000_000_000_000, Self::Count),
+            "Mi" => Ok(Self::MiB(n)),
+            "Gi" => scale(1 << 10, Self::MiB),
+            "Ti" => scale(1 << 20, Self::MiB),
+            "Pi" => scale(1 << 30, Self::MiB),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl Quantity {
+    /// The amount in its base unit: bytes for memory, the count otherwise.
+    pub fn base(self) -> u128 {
+        match self {
+            Self::Count(n) => u128::from(n),
+            Self::MiB(n) => u128::from(n) << 20,
+        }
+    }
+}
+
 /// One DRA device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Device {
@@ -487,5 +529,21 @@ mod tests {
         assert_eq!(semver("550"), "550.0.0");
         assert_eq!(shards_for(3, 12, 12), 3);
         assert_eq!(shards_for(1, 8, 10), 2);
+    }
+
+    #[test]
+    fn quantities_read_back_as_written() {
+        for n in [0u64, 1, 7, 16, 999, 1000, 1024, 2000, 81152, 40960, 1 << 20, 3_000_000, 5_000_000_000] {
+            for q in [Quantity::Count(n), Quantity::MiB(n)] {
+                let back: Quantity = q.to_string().parse().unwrap();
+                assert_eq!(back.base(), q.base(), "{q:?} written as {q}");
+            }
+        }
+        assert_eq!("40Gi".parse(), Ok(Quantity::MiB(40960)));
+        assert_eq!("1k".parse(), Ok(Quantity::Count(1000)));
+        for bad in ["", "Mi", "1.5Gi", "4Ki", "-1", "1e3", "18446744073709551615k"] {
+            let e = bad.parse::<Quantity>().unwrap_err();
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+        }
     }
 }

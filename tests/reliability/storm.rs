@@ -7,10 +7,10 @@
 use crate::common::{figure, h100_size};
 use crate::support::claim::{claim_ref, uid};
 use crate::support::node::NodeDir;
-use crate::support::rng::Rng;
 use migdra::claims::ClaimRef;
 use migdra::kubelet::client::{TestKubelet, Version};
 use migdra::mig::naming::DeviceName;
+use migdra::packing::allocator::Rng;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,7 +76,7 @@ async fn storm_on_eight_gpus_with_faults() {
         let k = TestKubelet::unregistered(&daemon.dra).await.unwrap();
         let (claims, counts) = (claims.clone(), counts.clone());
         tasks.push(tokio::spawn(async move {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (client as u64 + 1));
+            let mut rng = Rng::new(client as u64 + 1);
             for _ in 0..CALLS_PER_CLIENT {
                 // 1 to 4 claims; the same claim may come twice in one call.
                 let n = 1 + rng.below(4);
@@ -109,10 +109,7 @@ async fn storm_on_eight_gpus_with_faults() {
     // storm's leftovers): prepare each claim once, in a shuffled order.
     let (daemon, kubelet) = node.serve().registered().await;
     let mut order: Vec<usize> = (0..claims.len()).collect();
-    let mut rng = Rng(42);
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i + 1));
-    }
+    Rng::new(42).shuffle(&mut order);
     let mut prepared: BTreeMap<String, String> = BTreeMap::new();
     let mut cleanly_failed = 0;
     let mut unclean = 0;

@@ -7,7 +7,6 @@
 //! - [`claim`]: ResourceClaims as the API server returns them, and the kubelet's reference to one.
 //! - [`eventually`]: poll a condition until a deadline, failing with what was awaited.
 //! - [`logs`]: the tail of a child's log for a failure message.
-//! - [`rng`]: a deterministic generator for storms and churn.
 //! - [`skip`]: what a test that cannot run here prints, or the failure `MIGDRA_REQUIRE_*` asks for.
 //! - [`render`]: `kustomize build` and `helm template` of daemonset/, the binaries found alike.
 //! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`],
@@ -33,7 +32,6 @@ pub mod kubenode;
 pub mod logs;
 pub mod node;
 pub mod render;
-pub mod rng;
 pub mod skip;
 pub mod slurm;
 
