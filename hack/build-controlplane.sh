@@ -58,7 +58,7 @@ all_there() {
 
 enter_go_cache "$bin" "${components[*]}" "$bin" all_there
 
-# Version stamps as Kubernetes' own build sets them (hack/lib/version.sh), so that --version and
+# Version stamps as Kubernetes' own build sets them (its version.sh under hack/lib), so that --version and
 # /version say v1.x.y rather than v0.0.0-master. buildDate is the release's time in the proxy.
 kube_minor=${kube_version#v1.}
 kube_minor=${kube_minor%%.*}

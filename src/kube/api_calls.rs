@@ -1,4 +1,4 @@
-//! Every Kubernetes API call migdra makes, in one place, so the RBAC in `daemonset/rbac.yaml` can
+//! Every Kubernetes API call migdra makes, in one place, so the RBAC in `daemonset/base/rbac.yaml` can
 //! be checked against it (`tests/library/manifests.rs`): each call here must be allowed by the
 //! ClusterRole, and a rule that no call here needs must be a documented allowance there.
 //!

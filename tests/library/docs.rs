@@ -263,7 +263,8 @@ impl Check {
     }
 
     /// (b), (c) and (d) on every line of a file, markdown or source.
-    /// (b) for markdown: files named by their repository path. The facts name upstream
+    /// (b) for markdown and source: files and directories (written with their slash) named by
+    /// their repository path. The facts name upstream
     /// projects' files (`src/plugins/…` of Slurm), so they are left out.
     fn repo_paths(&mut self, file: &Path, text: &str) {
         if file.starts_with("docs/facts") {
@@ -281,6 +282,11 @@ impl Check {
                     let named_file = Path::new(path).extension().is_some_and(|e| e.len() <= 5);
                     if named_file && !self.root.join(path).exists() {
                         self.fail(file, n + 1, format!("names a file that does not exist: {path}"));
+                    }
+                    // A directory written with its slash (`hack/kubelet-1.36/`): a rename leaves these.
+                    let named_dir = path.ends_with('/') && path.len() > root.len();
+                    if named_dir && !self.root.join(path).is_dir() {
+                        self.fail(file, n + 1, format!("names a directory that does not exist: {path}"));
                     }
                 }
             }
@@ -477,6 +483,7 @@ fn every_link_and_citation_resolves() {
     }
     for file in &sources {
         let Some(text) = check.text(file) else { continue };
+        check.repo_paths(file, &text);
         check.citations(file, &text, false);
     }
     let failures = check.failures;
