@@ -83,6 +83,9 @@ pub struct Metrics {
     /// Publishes that found every slice as wanted.
     slice_publishes_unchanged: AtomicU64,
     slice_publishes_failed: AtomicU64,
+    /// Reason → claims left mid-prepare that were rolled back because the API no longer
+    /// allocates them here.
+    stale_rolled_back: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Default for Metrics {
@@ -100,6 +103,7 @@ impl Metrics {
             slice_publishes_written: AtomicU64::new(0),
             slice_publishes_unchanged: AtomicU64::new(0),
             slice_publishes_failed: AtomicU64::new(0),
+            stale_rolled_back: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -118,6 +122,12 @@ impl Metrics {
             None => &self.slice_publishes_failed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count one stale claim rolled back, by [`StaleReason`](crate::prepare::StaleReason).
+    pub fn stale_rolled_back(&self, reason: crate::prepare::StaleReason) {
+        let mut stale = self.stale_rolled_back.lock().unwrap_or_else(|p| p.into_inner());
+        *stale.entry(reason.as_str()).or_default() += 1;
     }
 
     /// The exposition text: these metrics, plus what `engine` knows (checkpoint writes, and the
@@ -156,6 +166,15 @@ impl Metrics {
         ];
         for (result, n) in results {
             let _ = writeln!(out, "migdra_slice_publishes_total{{result=\"{result}\"}} {}", n.load(Ordering::Relaxed));
+        }
+        header(
+            &mut out,
+            "migdra_stale_claims_rolled_back_total",
+            "Claims left mid-prepare whose instances were released because the API server no longer allocates them to this node, by reason.",
+            "counter",
+        );
+        for (reason, n) in self.stale_rolled_back.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "migdra_stale_claims_rolled_back_total{{reason=\"{reason}\"}} {n}");
         }
         header(&mut out, "migdra_checkpoint_writes_total", "Atomic checkpoint writes by this process.", "counter");
         let _ = writeln!(out, "migdra_checkpoint_writes_total {}", engine.map_or(0, Engine::checkpoint_writes));

@@ -1414,3 +1414,77 @@ async fn admin_access_watches_a_gpu_without_touching_its_instances() {
     claims.create(&PostParams::default(), &refused).await.expect("the labelled namespace admits it");
     println!("unlabelled namespace {NS}: {err}");
 }
+
+/// A prepare killed part-way leaves its claim `PrepareStarted` with an instance. The pod of one
+/// such claim is deleted before the kubelet retries: once the API server deallocates or deletes
+/// its claim, the restarted daemon's periodic check rolls it back, instance and all. The other
+/// claim, still allocated here, is never touched and the kubelet's retry adopts its instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_left_mid_prepare_whose_pod_is_deleted_is_rolled_back() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = Cluster::start().await;
+    cluster.daemon.terminate(Duration::from_secs(5)).await;
+    let mut crashed = Vec::new();
+    for (pod, profile) in [("p-gone", "1g.10gb"), ("p-kept", "2g.20gb")] {
+        cluster.create_pod(pod, profile, None).await;
+        assert!(cluster.outcome_bound_within(pod, Duration::from_secs(60)).await, "{pod} not bound");
+        let (mut doomed, kubelet) =
+            cluster.node.serve().args(["--resync", RESYNC_ARG]).env("MIGDRA_CRASH_AT", "ci-created").registered().await;
+        let refs: Vec<ClaimRef> = cluster.pod_claims(pod).await.iter().map(claim_ref).collect();
+        assert!(kubelet.prepare(Version::V1, &refs).await.is_err(), "{pod}: a daemon killed mid-prepare answered");
+        let status = doomed.wait_exit(Duration::from_secs(10)).await.expect("the daemon killed at ci-created");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status:?}");
+        crashed.push(refs[0].clone());
+    }
+    let states = |cluster: &Cluster| -> BTreeMap<String, String> {
+        cluster
+            .node
+            .checkpoint()
+            .iter()
+            .map(|c| (c["uid"].as_str().unwrap().to_string(), c["state"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let (gone, kept) = (&crashed[0], &crashed[1]);
+    assert_eq!(states(&cluster).values().collect::<Vec<_>>(), ["PrepareStarted", "PrepareStarted"]);
+    let instances = |cluster: &Cluster| cluster.gpus().iter().map(|g| g.instances.len()).sum::<usize>();
+    assert_eq!(instances(&cluster), 2, "each killed prepare left its instance");
+
+    // The pod goes while migdra is down; its template's claim goes with it.
+    cluster
+        .pods()
+        .delete("p-gone", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .unwrap();
+    eventually(format!("claim {} deleted or deallocated", gone.name))
+        .within(Duration::from_secs(60))
+        .until_async(|| async {
+            match cluster.claims().get_opt(&gone.name).await.unwrap() {
+                Some(c) if !allocated(&c).is_empty() => Err(format!("{:?}", c.status)),
+                _ => Ok(()),
+            }
+        })
+        .await;
+
+    let (daemon, kubelet) = cluster.node.serve().args(["--resync", RESYNC_ARG]).registered().await;
+    cluster.daemon = daemon;
+    cluster.kubelet = kubelet;
+    eventually(format!("claim {} rolled back", gone.name))
+        .within(Duration::from_secs(30))
+        .explain(|| cluster.diagnostics())
+        .until(|| {
+            let s = states(&cluster);
+            if !s.contains_key(&gone.uid) { Ok(()) } else { Err(format!("{s:?}")) }
+        })
+        .await;
+    assert!(cluster.daemon.log().contains("rolled back, its instances released"), "{}", cluster.daemon.log_tail());
+    assert_eq!(instances(&cluster), 1, "the deleted pod's instance released, the other kept");
+    // Three more checks (1 s apart) leave the claim the API still allocates here alone.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(states(&cluster).get(&kept.uid).map(String::as_str), Some("PrepareStarted"));
+    assert_eq!(instances(&cluster), 1);
+    let devices = cluster.prepare("p-kept").await;
+    assert_eq!(instances(&cluster), 1, "the kubelet's retry adopted the instance: {devices:?}");
+    cluster.finish("p-kept", true).await;
+    assert_eq!(instances(&cluster), 0);
+    assert!(cluster.node.checkpoint().is_empty());
+}

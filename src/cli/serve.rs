@@ -32,7 +32,8 @@ pub struct Args {
     #[arg(long, env = "MIGDRA_SOCKET_CHECK", default_value = "1s", value_parser = crate::duration::parse)]
     pub socket_check: Duration,
     /// How often the published ResourceSlices are compared with the API server's even when no
-    /// watch event came (drift is repaired at once when one does)
+    /// watch event came (drift is repaired at once when one does), and how often claims left
+    /// mid-prepare are checked: those no longer allocated to this node are rolled back
     #[arg(long, env = "MIGDRA_RESYNC", default_value = "30s", value_parser = crate::duration::parse)]
     pub resync: Duration,
     /// Log format: text, or one JSON object per line; a claim's lines carry its `claim` span
@@ -182,11 +183,11 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let state = Arc::new(PluginState::default());
         let mut publisher = None;
-        let driver = match &global.node.claims_dir {
+        let (driver, claims) = match &global.node.claims_dir {
             Some(dir) => {
                 tracing::info!(dir = %dir.display(), "claims from files; no API server");
                 let claims: Arc<dyn ClaimSource> = Arc::new(DirSource::new(dir));
-                Driver::new(engine.clone(), claims, state.clone())
+                (Driver::new(engine.clone(), claims.clone(), state.clone()), claims)
             }
             None => {
                 let (client, server) = kube_client(kubeconfig).await?;
@@ -207,10 +208,17 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 publisher = Some(tokio::spawn(p.run(async move {
                     let _ = rx.wait_for(|s| *s).await;
                 })));
-                Driver::new(engine.clone(), claims, state.clone()).with_reporter(reporter)
+                (Driver::new(engine.clone(), claims.clone(), state.clone()).with_reporter(reporter), claims)
             }
         };
         let driver = Arc::new(driver);
+        let sweeper = {
+            let mut rx = stop_rx.clone();
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            tokio::spawn(sweep_stale_claims(engine.clone(), claims, args.resync, stop))
+        };
         let metrics = match args.metrics_addr {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -236,6 +244,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
             let _ = stop_tx.send(true);
         };
         let served = kubelet::serve(config, driver, state, shutdown).await;
+        let _ = sweeper.await;
         if let Some(p) = publisher {
             let _ = p.await;
         }
@@ -250,6 +259,53 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     result?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Every `every`, roll back the claims left mid-prepare that the claim source no longer
+/// allocates to this node ([`Engine::sweep_stale`](crate::prepare::Engine::sweep_stale)), until
+/// `stop`. The sweep reads the claim source with blocking calls, so it runs on a blocking thread.
+async fn sweep_stale_claims(
+    engine: Arc<crate::prepare::Engine>,
+    claims: Arc<dyn ClaimSource>,
+    every: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let (engine, claims) = (engine.clone(), claims.clone());
+        let sweep = match tokio::task::spawn_blocking(move || engine.sweep_stale(claims.as_ref())).await {
+            Ok(Ok(sweep)) => sweep,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "stale-claim check skipped");
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "stale-claim check failed");
+                continue;
+            }
+        };
+        for (claim, e) in &sweep.unknown {
+            tracing::debug!(%claim, error = %e, "claim left mid-prepare kept: its allocation could not be read");
+        }
+        for stale in &sweep.stale {
+            match &stale.rollback {
+                Ok(()) => {
+                    crate::metrics::METRICS.stale_rolled_back(stale.reason);
+                    tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(),
+                        "claim left mid-prepare is no longer allocated to this node: rolled back, its instances released");
+                }
+                Err(e) => {
+                    crate::metrics::METRICS.error("unprepare", &e.reason());
+                    tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(), error = %e,
+                        "claim left mid-prepare is no longer allocated to this node; rolling it back failed, the next check retries");
+                }
+            }
+        }
+    }
 }
 
 fn read_kubeconfig(path: &std::path::Path) -> Result<kube::config::Kubeconfig, CliError> {

@@ -48,12 +48,14 @@ mod records;
 mod recovery;
 mod release;
 mod spec;
+mod stale;
 mod step;
 
 pub use bridge_data::{DeviceStatusData, Placement, admin_status_data, status_data};
 pub use cleanup::{BrokenSpec, CleanupError, CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
 pub use error::PrepareError;
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
+pub use stale::{StaleClaim, StaleReason, Sweep};
 pub use step::{Hook, Step};
 
 use crate::cdi::CdiWriter;

@@ -1242,3 +1242,123 @@ fn a_gpu_lock_held_past_the_timeout_fails_the_prepare_in_one_line() {
     engine.prepare(&claim("y"), &[result(&dev)]).unwrap();
     assert_eq!(node.instances().len(), 1);
 }
+
+/// What the API server says of each claim in the stale-claim test, by UID.
+#[derive(Clone, Copy)]
+enum Says {
+    AllocatedHere,
+    Deleted,
+    ElsewhereAllocated,
+    NotAllocated,
+    Recreated,
+    Unreachable,
+}
+
+struct Answers(std::collections::HashMap<&'static str, Says>);
+
+impl migdra::claims::ClaimSource for Answers {
+    fn get(&self, c: &ClaimRef) -> migdra::claims::Result<Option<migdra::claims::Claim>> {
+        use migdra::claims::{Claim, ClaimError, Origin};
+        let on = |pool: &str| {
+            let r = AllocationResult { pool: pool.into(), ..result("gpu-0") };
+            Ok(Some(Claim { claim: c.clone(), results: vec![r], pod_claim_name: None }))
+        };
+        match self.0.get(c.uid.as_str()).copied().unwrap_or(Says::Deleted) {
+            Says::AllocatedHere => on(NODE),
+            Says::ElsewhereAllocated => on("node-b"),
+            Says::Deleted => Ok(None),
+            Says::NotAllocated => Err(ClaimError::NotAllocated { claim: c.clone(), origin: Origin::ApiServer }),
+            Says::Recreated => Err(ClaimError::Mismatch {
+                expected: c.clone(),
+                found: Box::new(ClaimRef { uid: "new".into(), ..c.clone() }),
+                origin: Origin::ApiServer,
+            }),
+            Says::Unreachable => Err(ClaimError::Api {
+                claim: c.clone(),
+                transient: true,
+                source: Box::new(std::io::Error::other("connection refused")),
+            }),
+        }
+    }
+}
+
+/// A claim left mid-prepare by a crash whose pod went away is rolled back once the API no longer
+/// allocates it here; one the API still allocates here, or cannot answer for, and every
+/// completed claim, are left for the kubelet.
+#[test]
+fn claims_left_mid_prepare_are_rolled_back_only_when_the_api_no_longer_allocates_them_here() {
+    let node = Node::new("h100-80gb:2");
+    let model = catalog::model("h100-80gb").unwrap();
+    quiet_crashes();
+    // Seven 1g.10gb placements on GPU 0 and GPU 1's first: each claim its own instance.
+    let devices: Vec<String> = (0..7).map(|s| mig_name(node.minor(0), model, 19, s)).collect();
+    let crash = |uid: &str, dev: &str, at: Step| {
+        let crashing = node.engine().with_hook(Arc::new(move |s| {
+            if s == at {
+                panic!("crash at {}", s.name());
+            }
+        }));
+        assert!(catch_unwind(AssertUnwindSafe(|| crashing.prepare(&claim(uid), &[result(dev)]))).is_err());
+    };
+    crash("here", &devices[0], Step::CiCreated);
+    crash("deleted", &devices[1], Step::CiCreated);
+    crash("elsewhere", &devices[2], Step::GiCreated);
+    crash("deallocated", &devices[3], Step::PrepareStarted);
+    crash("recreated", &devices[4], Step::MetadataWritten);
+    crash("unreachable", &devices[5], Step::CdiWritten);
+    node.engine().prepare(&claim("completed"), &[result(&devices[6])]).unwrap();
+    let engine = node.engine();
+    engine.recover().unwrap();
+    assert_eq!(
+        node.instances().len(),
+        6,
+        "the crashed claims' instances (one crashed before its GI) and the completed one"
+    );
+
+    let answers = Answers(
+        [
+            ("here", Says::AllocatedHere),
+            ("deleted", Says::Deleted),
+            ("elsewhere", Says::ElsewhereAllocated),
+            ("deallocated", Says::NotAllocated),
+            ("recreated", Says::Recreated),
+            ("unreachable", Says::Unreachable),
+            ("completed", Says::Deleted),
+        ]
+        .into(),
+    );
+    let sweep = engine.sweep_stale(&answers).unwrap();
+    assert_eq!(sweep.checked, 6, "every claim left mid-prepare, no completed one");
+    let mut stale: Vec<(&str, &str)> = sweep.stale.iter().map(|s| (s.claim.uid.as_str(), s.reason.as_str())).collect();
+    stale.sort_unstable();
+    assert_eq!(
+        stale,
+        [
+            ("deallocated", "deallocated"),
+            ("deleted", "deleted"),
+            ("elsewhere", "allocated-elsewhere"),
+            ("recreated", "replaced")
+        ]
+    );
+    assert!(sweep.stale.iter().all(|s| s.rollback.is_ok()), "{:?}", sweep.stale);
+    let unknown: Vec<&str> = sweep.unknown.iter().map(|(c, _)| c.uid.as_str()).collect();
+    assert_eq!(unknown, ["unreachable"]);
+
+    // Left: the claim allocated here, the unanswered one, the completed one; their instances,
+    // specs and metadata only.
+    let cp = engine.checkpoint().unwrap();
+    let left: Vec<&str> = cp.claims.keys().map(String::as_str).collect();
+    assert_eq!(left, ["completed", "here", "unreachable"]);
+    let gis: BTreeSet<u32> = node.instances().iter().map(|(_, gi, _)| gi.start).collect();
+    assert_eq!(gis, BTreeSet::from([0, 5, 6]), "instances of here, unreachable and completed");
+    assert_eq!(node.cdi_files(), 2, "the completed claim's spec and the one written before the crash");
+    assert_eq!(node.metadata_claims(), 2, "the same two claims' metadata");
+
+    // The kubelet's retry of the claim still allocated here adopts its instance.
+    let out = engine.prepare(&claim("here"), &[result(&devices[0])]).unwrap();
+    assert!(out[0].status.mig_uuid.is_some());
+    assert_eq!(node.instances().len(), 3);
+    // A second sweep finds nothing more to do.
+    let again = engine.sweep_stale(&answers).unwrap();
+    assert_eq!((again.checked, again.stale.len()), (1, 0), "only the unanswered claim is asked about again");
+}
