@@ -320,9 +320,18 @@ async fn kube_client(
 ) -> Result<(kube::Client, String), CliError> {
     let config = match kubeconfig {
         Some((path, kc)) => {
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))?
+                .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))?;
+            // A certificate authority without one PEM certificate in it is taken silently and
+            // then fails every TLS handshake: a kubeconfig that can never work is bad input.
+            if config.root_cert.as_ref().is_some_and(Vec::is_empty) {
+                return Err(CliError::Usage(format!(
+                    "--kubeconfig {}: its certificate authority holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                    path.display()
+                )));
+            }
+            config
         }
         None => kube::Config::infer().await.map_err(|e| {
             CliError::Usage(format!(

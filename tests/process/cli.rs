@@ -623,9 +623,9 @@ fn serve_refuses_a_resync_below_a_second() {
     assert!(!plugins.exists(), "nothing made");
 }
 
-/// `serve --kubeconfig` with a file that is missing or not a kubeconfig, or one whose context
-/// names no cluster: one line naming the file, exit 2, and nothing made or left in the daemon's
-/// directories.
+/// `serve --kubeconfig` with a file that is missing or not a kubeconfig, one whose context names
+/// no cluster, or one whose certificate authority is not a certificate or not there: one line
+/// naming the file, exit 2, and nothing made or left in the daemon's directories.
 #[test]
 fn serve_refuses_a_bad_kubeconfig_in_one_line_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -637,7 +637,25 @@ fn serve_refuses_a_bad_kubeconfig_in_one_line_and_leaves_nothing() {
         "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {cluster: gone, user: u}\nusers:\n- name: u\n  user: {}\n",
     )
     .unwrap();
-    for (case, path) in [("missing", dir.path().join("missing")), ("not YAML", not_yaml), ("no cluster", no_cluster)] {
+    let kubeconfig_with = |cluster: &str| {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {{cluster: k, user: u}}\n\
+             clusters:\n- name: k\n  cluster: {{server: \"https://127.0.0.1:1\", {cluster}}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+        )
+    };
+    // base64 of "not a certificate\n": read without complaint by the client, then no handshake works.
+    let bad_ca = dir.path().join("bad-ca");
+    std::fs::write(&bad_ca, kubeconfig_with("certificate-authority-data: bm90IGEgY2VydGlmaWNhdGUK")).unwrap();
+    let no_ca = dir.path().join("no-ca");
+    std::fs::write(&no_ca, kubeconfig_with("certificate-authority: /nonexistent/ca.crt")).unwrap();
+    let cases = [
+        ("missing", dir.path().join("missing")),
+        ("not YAML", not_yaml),
+        ("no cluster", no_cluster),
+        ("not a certificate", bad_ca),
+        ("no CA file", no_ca),
+    ];
+    for (case, path) in cases {
         let run = dir.path().join(format!("run-{}", case.replace(' ', "-")));
         let (plugins, registry, state) = (run.join("plugins"), run.join("registry"), run.join("state"));
         let (p, r, st, k) = (state_arg(&plugins), state_arg(&registry), state_arg(&state), state_arg(&path));
@@ -665,7 +683,7 @@ fn serve_refuses_a_bad_kubeconfig_in_one_line_and_leaves_nothing() {
         let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("migdra: error: ")).collect();
         assert_eq!(errors, stderr.lines().last().into_iter().collect::<Vec<_>>(), "{case}: one error, last: {stderr}");
         assert!(errors[0].starts_with(&format!("migdra: error: --kubeconfig {k}: ")), "{case}: {stderr}");
-        if case != "no cluster" {
+        if matches!(case, "missing" | "not YAML") {
             assert_eq!(stderr.lines().count(), 1, "{case}: {stderr}");
         }
         let left: Vec<_> = [&plugins, &registry]
