@@ -1488,3 +1488,50 @@ async fn a_claim_left_mid_prepare_whose_pod_is_deleted_is_rolled_back() {
     assert_eq!(instances(&cluster), 0);
     assert!(cluster.node.checkpoint().is_empty());
 }
+
+/// The API server is not there when migdra starts: `serve` starts anyway, serves the kubelet,
+/// stays not ready for the probe (which names the address and the failure), retries with
+/// backoff, and publishes as soon as the API server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_waits_for_an_api_server_that_is_not_there_yet() {
+    let _serial = SERIAL.lock().await;
+    let mut cp = ControlPlane::start().await;
+    let client = cp.client().await;
+    create_node(&client, NODE).await;
+    apply(&client, &repo().join("daemonset/base/deviceclasses.yaml"), NS).await;
+    cp.stop("kube-apiserver");
+    let node = NodeDir::new().simulate(SPEC).kubeconfig(cp.kubeconfig().to_path_buf());
+    let (mut daemon, _kubelet) = node.serve().args(["--resync", RESYNC_ARG]).registered().await;
+    let ready = || node.probe(None).arg("--ready").arg("--timeout").arg("1s").output().unwrap();
+    let why = eventually("probe --ready failing with the API server's address")
+        .within(Duration::from_secs(20))
+        .explain(|| daemon.log_tail())
+        .until(|| {
+            let out = ready();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            if !out.status.success() && err.contains("not publishing ResourceSlices") { Ok(err) } else { Err(err) }
+        })
+        .await;
+    println!("API server down at start: {}", why.trim());
+    assert!(why.contains(&cp.url) && why.contains("Connection refused"), "{why}");
+    assert_eq!(why.trim().lines().count(), 1, "{why}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(daemon.running(), "serve gave up on an API server that is not there yet: {}", daemon.log_tail());
+    let retries = daemon.log().matches("publishing ResourceSlices failed").count();
+    assert!((2..40).contains(&retries), "retried {retries} times in ~4 s: backoff, not a tight loop");
+
+    let t = Instant::now();
+    cp.restart("kube-apiserver");
+    eventually("the API server answering again")
+        .within(Duration::from_secs(60))
+        .every(Duration::from_millis(200))
+        .until_async(|| async { client.apiserver_version().await.map(|_| ()).map_err(|e| e.to_string()) })
+        .await;
+    pool(&client, NODE, Duration::from_secs(60), || daemon.log_tail()).await;
+    eventually("probe --ready passing once published")
+        .within(Duration::from_secs(30))
+        .explain(|| daemon.log_tail())
+        .until(|| ready().status.success())
+        .await;
+    println!("published and ready {:.1?} after the API server started, {retries} failed rounds before", t.elapsed());
+}

@@ -467,6 +467,13 @@ impl ControlPlane {
             .unwrap_or_else(|e| panic!("start {}: {e}", program.display()))
     }
 
+    /// Kill one component (SIGKILL, as a crash) and leave it down until [`Self::restart`].
+    pub fn stop(&mut self, name: &str) {
+        let i = self.processes.iter().position(|p| p.name == name).unwrap_or_else(|| panic!("no component {name}"));
+        let _ = self.processes[i].child.kill();
+        let _ = self.processes[i].child.wait();
+    }
+
     /// Kill one component (SIGKILL, as a crash) and start it again with the same flags; its log
     /// goes on in the same file.
     pub fn restart(&mut self, name: &str) {
