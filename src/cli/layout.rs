@@ -12,6 +12,9 @@ pub(super) struct GpuView {
     #[serde(flatten)]
     pub(super) gpu: GpuInfo,
     pub(super) memory_slices: u32,
+    /// NVML says GPU_IS_LOST (fallen off the bus): its instances cannot be read.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(super) lost: bool,
     pub(super) instances: Vec<InstanceView>,
 }
 
@@ -51,10 +54,18 @@ pub(super) fn read(backend: &dyn GpuBackend) -> Result<LayoutView, crate::gpu::G
     let mut gpus = Vec::new();
     for gpu in backend.gpus()? {
         let model = backend.model(&gpu.uuid)?;
-        let instances = instances(backend, &gpu, &model)?;
-        gpus.push(GpuView { gpu, memory_slices: model.memory_slices, instances });
+        let (instances, lost) = match instances(backend, &gpu, &model) {
+            Err(e) if is_lost(&e) => (Vec::new(), true),
+            r => (r?, false),
+        };
+        gpus.push(GpuView { gpu, memory_slices: model.memory_slices, lost, instances });
     }
     Ok(LayoutView { boot_id: backend.boot_id()?, gpus })
+}
+
+/// Whether NVML says the GPU fell off the bus: the other GPUs are still shown.
+pub(super) fn is_lost(e: &crate::gpu::GpuError) -> bool {
+    e.code() == Some(crate::gpu::NvmlCode::GpuIsLost)
 }
 
 /// A GPU's MIG instances in placement order, each with its device name and compute instances.
@@ -92,7 +103,13 @@ pub(super) fn picture(layout: &LayoutView, out: &mut dyn Write) -> std::io::Resu
             writeln!(out)?;
         }
         let g = &v.gpu;
-        let health = if g.healthy { "" } else { "  UNHEALTHY" };
+        let health = if v.lost {
+            "  LOST (GPU_IS_LOST: fallen off the bus; its instances cannot be read)"
+        } else if g.healthy {
+            ""
+        } else {
+            "  UNHEALTHY"
+        };
         writeln!(
             out,
             "GPU {}  minor {}  {}  {}  {}  {}{health}",
@@ -105,6 +122,9 @@ pub(super) fn picture(layout: &LayoutView, out: &mut dyn Write) -> std::io::Resu
         )?;
         if !g.mig_enabled {
             writeln!(out, "  whole GPU (MIG off): device gpu-{}", g.minor)?;
+            continue;
+        }
+        if v.lost {
             continue;
         }
         let mut owner = vec!['.'; v.memory_slices as usize];

@@ -52,6 +52,9 @@ struct GpuView {
     slurm_shards: u32,
     mig_mode: &'static str,
     healthy: bool,
+    /// NVML says GPU_IS_LOST: its instances cannot be read.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    lost: bool,
     instances: Vec<InstanceView>,
     /// Claims holding the whole GPU.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -90,7 +93,11 @@ pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
     let backend = engine.backend();
     let mut gpus = Vec::new();
     for g in engine.gpus() {
-        let instances = layout::instances(backend.as_ref(), &g.info, &g.model)?
+        let (found, lost) = match layout::instances(backend.as_ref(), &g.info, &g.model) {
+            Err(e) if layout::is_lost(&e) => (Vec::new(), true),
+            r => (r?, false),
+        };
+        let instances = found
             .into_iter()
             .map(|i| {
                 let ci = i.compute_instances.into_iter().next();
@@ -118,6 +125,7 @@ pub fn run(global: &Global, out: &mut dyn Write) -> CliResult {
             slurm_shards: g.slurm.shards,
             mig_mode: g.mode.as_str(),
             healthy: g.info.healthy,
+            lost,
             instances,
             claims: holder(&checkpoint, &g.info.uuid, None),
         });
@@ -164,7 +172,14 @@ fn table(view: &StatusView, out: &mut dyn Write) -> std::io::Result<()> {
                 g.slurm_gpu_index_source.to_string(),
                 g.slurm_shards.to_string(),
                 g.mig_mode.into(),
-                if g.healthy { "yes" } else { "NO" }.into(),
+                if g.lost {
+                    "LOST"
+                } else if g.healthy {
+                    "yes"
+                } else {
+                    "NO"
+                }
+                .into(),
             ]
         })
         .collect();

@@ -169,7 +169,15 @@ impl GpuEntry {
 fn node_gpu(backend: &dyn GpuBackend, info: &GpuInfo, model: &GpuModel) -> Result<NodeGpu, GpuError> {
     let mut migs = Vec::new();
     if info.mig_enabled {
-        for gi in backend.gpu_instances(&info.uuid)? {
+        let gis = match backend.gpu_instances(&info.uuid) {
+            // Lost between listing and now: its instances are out of reach; the others go on.
+            Err(e) if e.code() == Some(crate::gpu::NvmlCode::GpuIsLost) => {
+                tracing::warn!(gpu = %info.uuid, "GPU is lost; its MIG instances cannot be read: {e}");
+                Vec::new()
+            }
+            r => r?,
+        };
+        for gi in gis {
             for ci in backend.compute_instances(&info.uuid, gi.id)? {
                 let (gi_cap, ci_cap) = backend.mig_capability_minors(info.minor, gi.id, ci.id)?;
                 migs.push(NodeMig { gi: gi.id, ci: ci.id, gi_cap, ci_cap });

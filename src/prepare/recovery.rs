@@ -249,7 +249,8 @@ impl Engine {
             let Ok(_guard) = gpu.lock.lock(self.opts.lock_timeout) else { continue };
             let gis = match self.backend.gpu_instances(uuid) {
                 Ok(gis) => gis,
-                Err(e) if e.code() == Some(NvmlCode::NotSupported) => continue,
+                // Lost: nothing on it can be reached, or needs to be; the other GPUs are swept.
+                Err(e) if matches!(e.code(), Some(NvmlCode::NotSupported | NvmlCode::GpuIsLost)) => continue,
                 Err(e) => return Err(PrepareError::Discovery(e)),
             };
             for gi in gis {

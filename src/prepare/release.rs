@@ -70,6 +70,13 @@ impl Engine {
         })?;
         let gis = match self.backend.gpu_instances(uuid) {
             Err(e) if e.code() == Some(NvmlCode::NotSupported) => return Ok(()),
+            // Fallen off the bus: its instances cannot be reached, and the GPU's reset takes
+            // them. Holding the claim would only make the kubelet retry for ever.
+            Err(e) if e.code() == Some(NvmlCode::GpuIsLost) => {
+                tracing::warn!(claim = %claim, device = dev, gpu = uuid, gi = ?m.gi_id,
+                    "GPU is lost: the claim's instance could not be destroyed and goes with the GPU's reset; unprepare completes: {e}");
+                return Ok(());
+            }
             r => nvml(claim, dev, "list GPU instances", || r)?,
         };
         let Some(gi) = gis.iter().find(|g| holds(m, g)) else { return Ok(()) };

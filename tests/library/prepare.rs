@@ -1362,3 +1362,31 @@ fn claims_left_mid_prepare_are_rolled_back_only_when_the_api_no_longer_allocates
     let again = engine.sweep_stale(&answers).unwrap();
     assert_eq!((again.checked, again.stale.len()), (1, 0), "only the unanswered claim is asked about again");
 }
+
+/// A GPU lost after a claim was prepared on it: the claim's unprepare completes (the GPU's reset
+/// takes the instance, which NVML can no longer reach), a prepare on it fails in one line and
+/// leaves nothing, and the other GPU goes on working.
+#[test]
+fn a_gpu_lost_at_run_time_lets_unprepare_complete_and_fails_prepares_on_it_in_one_line() {
+    let node = Node::new("h100-80gb:2");
+    let engine = node.engine();
+    let model = catalog::model("h100-80gb").unwrap();
+    engine.prepare(&claim("on-lost"), &[result(&mig_name(node.minor(1), model, 19, 0))]).unwrap();
+    // Every call on GPU 1 now says GPU_IS_LOST, as NVML does for a GPU fallen off the bus.
+    for op in ["list-gi", "create-gi", "destroy-gi", "list-ci", "create-ci", "destroy-ci"] {
+        node.sim.add_fault(Fault::parse(&format!("{op}=gpu-is-lost#1")).unwrap()).unwrap();
+    }
+    engine.unprepare("on-lost").unwrap();
+    assert!(engine.checkpoint().unwrap().claims.is_empty(), "the claim is not held for ever");
+    assert_eq!((node.cdi_files(), node.metadata_claims()), (0, 0));
+
+    let err = engine.prepare(&claim("new"), &[result(&mig_name(node.minor(1), model, 19, 1))]).unwrap_err();
+    let line = err.to_string();
+    assert!(line.contains("gpu-is-lost") && !line.contains('\n'), "{line}");
+    assert!(engine.checkpoint().unwrap().claims.is_empty());
+    assert_eq!((node.cdi_files(), node.metadata_claims()), (0, 0));
+
+    let out = engine.prepare(&claim("other"), &[result(&mig_name(node.minor(0), model, 19, 0))]).unwrap();
+    assert!(out[0].status.mig_uuid.is_some(), "GPU 0 works on");
+    engine.unprepare("other").unwrap();
+}

@@ -694,3 +694,25 @@ fn serve_refuses_a_bad_kubeconfig_in_one_line_and_leaves_nothing() {
         assert_eq!(left, Vec::<std::path::PathBuf>::new(), "{case}: files left behind");
     }
 }
+
+/// A GPU lost at run time (every NVML call on it says GPU_IS_LOST, as for a GPU fallen off the
+/// bus): `layout` and `status` show it LOST and the other GPU as before, and `serve` still
+/// starts on the node.
+#[test]
+fn a_lost_gpu_is_shown_lost_and_the_others_go_on() {
+    use crate::support::node::NodeDir;
+    let node = NodeDir::new().simulate("h100-80gb:2");
+    node.cli(&["sim", "create", "--gpu", "0", "--profile", "1g.10gb", "--placement", "0"]);
+    node.cli(&["sim", "fail", "list-gi=gpu-is-lost#1"]);
+    let picture = node.cli(&["layout"]);
+    let line = |gpu: &str| picture.lines().find(|l| l.starts_with(gpu)).unwrap_or_default().to_string();
+    assert!(line("GPU 1 ").contains("LOST (GPU_IS_LOST"), "{picture}");
+    assert!(!line("GPU 0 ").contains("LOST") && picture.contains("1g.10gb"), "{picture}");
+    let json = node.layout();
+    assert_eq!(json["gpus"][1]["lost"], true, "{json}");
+    assert!(json["gpus"][0].get("lost").is_none() && json["gpus"][0]["instances"].as_array().unwrap().len() == 1);
+    let status = node.command(&["status", "-o", "json"]).json();
+    let lost: Vec<bool> = status["gpus"].as_array().unwrap().iter().map(|g| g["lost"] == true).collect();
+    assert_eq!(lost, [false, true], "{status}");
+    assert!(node.cli(&["status"]).lines().nth(2).is_some_and(|l| l.contains("LOST")));
+}
