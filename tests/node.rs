@@ -25,6 +25,9 @@ const USERS: &str = "team-a";
 const EXAMPLE_IMAGES: [&str; 2] =
     ["quay.io/jupyter/pytorch-notebook:cuda12-latest", "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"];
 
+/// One node at a time: every node uses the same bridge and the same pod network.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The steps' clock: each line says how long since the start.
 struct Steps(Instant);
 
@@ -377,6 +380,7 @@ async fn bring_up(steps: &Steps) -> Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::print_stdout, clippy::too_many_lines)] // the test's report; one scenario in steps
 async fn the_chart_on_a_real_node() {
+    let _serial = SERIAL.lock().await;
     let steps = Steps(Instant::now());
     let Cluster { cp, mut node, ops } = bring_up(&steps).await;
 
@@ -662,4 +666,273 @@ async fn node_up() {
     let left = kubenode::leftovers();
     assert!(left.is_empty(), "the node left behind: {left:?}");
     steps.say("down");
+}
+
+/// The chaos run's namespace, apart from the scenario's.
+const CHAOS_NS: &str = "chaos";
+/// A pod bound to the node but not Running after this long is stuck (the kubelet's restart
+/// back-off after a container kill is 10 s, then 20 s).
+const STUCK_AFTER: Duration = Duration::from_secs(90);
+
+/// What the chaos run counted; every loss column must stay zero.
+#[derive(Debug, Default)]
+struct Chaos {
+    cycles: usize,
+    created: usize,
+    deleted: usize,
+    /// Pods seen Running and checked from inside.
+    checked: usize,
+    kills: usize,
+    rolls: usize,
+    kubelet_restarts: usize,
+    faults: usize,
+    /// Instances, specs or metadata without a running pod, at a quiet point.
+    leaked: usize,
+    /// Running pods whose device another running pod also has, or that saw another device.
+    double: usize,
+    /// Pods bound for [`STUCK_AFTER`] without running.
+    stuck: usize,
+}
+
+/// One pod of the chaos run.
+struct Tracked {
+    name: String,
+    created: Instant,
+    checked: bool,
+    deleted: bool,
+    /// Its MIG UUID once checked.
+    uuid: Option<String>,
+}
+
+/// A pod's state in one listing: (bound, running and ready, terminating).
+fn pod_states(ops: &Ops) -> std::collections::HashMap<String, (bool, bool, bool)> {
+    let v = ops.json(&["get", "pods", "-n", CHAOS_NS]);
+    let mut out = std::collections::HashMap::new();
+    for p in v["items"].as_array().into_iter().flatten() {
+        let ready = p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        out.insert(
+            p["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            (
+                p["spec"]["nodeName"].is_string(),
+                p["status"]["phase"] == "Running" && ready,
+                p["metadata"]["deletionTimestamp"].is_string(),
+            ),
+        );
+    }
+    out
+}
+
+/// `migdra.chaos` counts from the environment: `MIGDRA_CHAOS_CYCLES` (default 40, the short run
+/// CI makes) and `MIGDRA_CHAOS_SEED`.
+fn chaos_setting(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")))
+}
+
+/// Chaos on the real node: MIG pods of mixed profiles created and deleted without pause while
+/// the migdra container is killed, the DaemonSet rolled twice, the kubelet restarted and NVML
+/// faults injected. Every pod that runs is checked from inside; at a quiet point halfway and at
+/// the end, nothing is held that no running pod explains. The counts are the chaos row of
+/// docs/reliability.md (`MIGDRA_CHAOS_CYCLES=300`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::print_stdout, clippy::too_many_lines)] // the run's report; one run in phases
+async fn chaos_on_a_real_node() {
+    use migdra::packing::allocator::Rng;
+    let _serial = SERIAL.lock().await;
+    let steps = Steps(Instant::now());
+    let Cluster { cp, mut node, ops } = bring_up(&steps).await;
+    let cycles = chaos_setting("MIGDRA_CHAOS_CYCLES", 40) as usize;
+    let seed = chaos_setting("MIGDRA_CHAOS_SEED", 1);
+    let mut rng = Rng::new(seed);
+    ops.kubectl(&["create", "namespace", CHAOS_NS]);
+    ops.kubectl(&["apply", "-n", CHAOS_NS, "-f", "daemonset/examples/claim-templates.yaml"]);
+    // Profiles that always fit beside two others on the one H100 (7 × 1g, 3 × 2g placements).
+    let templates = ["mig-1g-10gb", "mig-2g-20gb"];
+    // The schedule: kills, two rolls, a kubelet restart, faults; at fixed points from the seed.
+    let mut at = |from: usize| from + rng.below((cycles / 4).max(1));
+    let kills = [at(2), at(cycles / 4), at(cycles / 2 + 1)];
+    let rolls = [cycles / 3, 2 * cycles / 3];
+    let kubelet_restart = cycles / 2 + 2;
+    let faults = [at(1), at(cycles / 4), at(cycles / 2), at(3 * cycles / 4 - 1)];
+    let mut rng = Rng::new(seed ^ 0x5eed);
+
+    let mut c = Chaos { cycles, ..Chaos::default() };
+    let mut pods: Vec<Tracked> = Vec::new();
+    let mut next = 0;
+    let sim_state = node.sim_state();
+    for cycle in 0..cycles {
+        // The user: create a pod while fewer than three are alive; else mostly delete one that
+        // ran, sometimes one still starting (its prepare may be in flight), or wait.
+        let alive: Vec<usize> = (0..pods.len()).filter(|&i| !pods[i].deleted).collect();
+        let ran: Vec<usize> = alive.iter().copied().filter(|&i| pods[i].checked).collect();
+        let delete = if alive.len() < 3 && (alive.is_empty() || rng.below(3) > 0) {
+            let name = format!("c{next}");
+            next += 1;
+            ops.apply(CHAOS_NS, &claim_pod(&name, templates[rng.below(templates.len())]));
+            pods.push(Tracked { name, created: Instant::now(), checked: false, deleted: false, uuid: None });
+            c.created += 1;
+            None
+        } else if !ran.is_empty() && rng.below(5) > 0 {
+            Some(ran[rng.below(ran.len())])
+        } else if rng.below(4) == 0 {
+            Some(alive[rng.below(alive.len())])
+        } else {
+            None
+        };
+        if let Some(i) = delete {
+            ops.kubectl(&["delete", "pod", "-n", CHAOS_NS, &pods[i].name, "--wait=false"]);
+            pods[i].deleted = true;
+            c.deleted += 1;
+        }
+        // The bad day.
+        if kills.contains(&cycle) {
+            let out = node.crictl(&["ps", "--name", "migdra", "-q"]);
+            let id = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().to_string();
+            if !id.is_empty() {
+                let inspect: Value = serde_json::from_slice(&node.crictl(&["inspect", &id]).stdout).unwrap();
+                if let Some(pid) = inspect["info"]["pid"].as_u64() {
+                    let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                    c.kills += 1;
+                }
+            }
+        }
+        if rolls.contains(&cycle) {
+            ops.upgrade(&["--set", &format!("podAnnotations.chaos=roll-{cycle}")]);
+            c.rolls += 1;
+        }
+        if cycle == kubelet_restart {
+            node.restart_kubelet();
+            c.kubelet_restarts += 1;
+        }
+        if faults.contains(&cycle) {
+            let fault =
+                if c.faults.is_multiple_of(2) { "create-gi=insufficient-resources:1" } else { "destroy-gi=in-use:1" };
+            let out = support::command::migdra()
+                .args(["sim", "fail", fault, "--sim-state"])
+                .arg(&sim_state)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "migdra sim fail: {}", String::from_utf8_lossy(&out.stderr));
+            c.faults += 1;
+        }
+        // Watch every pod: check the ones that started, count the ones stuck.
+        observe(&ops, &mut pods, &mut c);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        if cycle == cycles / 2 {
+            quiet_point(&ops, &node, &mut pods, &mut c, "halfway").await;
+            steps.say(&format!("chaos halfway: {c:?}"));
+        }
+    }
+    for p in pods.iter_mut().filter(|p| !p.deleted) {
+        ops.kubectl(&["delete", "pod", "-n", CHAOS_NS, &p.name, "--wait=false"]);
+        p.deleted = true;
+        c.deleted += 1;
+    }
+    quiet_point(&ops, &node, &mut pods, &mut c, "the end").await;
+    steps.say(&format!(
+        "chaos (seed {seed}): cycles {} pods {} checked {} kills {} rolls {} kubelet restarts {} faults {} | leaked {} double {} stuck {}",
+        c.cycles, c.created, c.checked, c.kills, c.rolls, c.kubelet_restarts, c.faults, c.leaked, c.double, c.stuck
+    ));
+    assert_eq!((c.leaked, c.double, c.stuck), (0, 0, 0), "{c:?}");
+    assert!(
+        c.kills >= 2 && c.rolls == 2 && c.kubelet_restarts == 1 && c.faults >= 3,
+        "the chaos did not happen: {c:?}"
+    );
+    assert!(c.checked * 2 >= c.created, "fewer than half the pods were seen running: {c:?}");
+    let left: Vec<String> = ops.failed_prepares().into_iter().filter(|m| m.starts_with('c')).collect();
+    println!("failed prepares the kubelet retried: {}", left.len());
+    drop(node);
+    drop(cp);
+}
+
+/// Check each pod that runs now and was not checked: it sees exactly one GPU, its claim's MIG
+/// UUID, and no other running pod has that UUID. Count pods bound too long without running.
+#[allow(clippy::print_stdout)] // what went wrong, for the run's report
+fn observe(ops: &Ops, pods: &mut [Tracked], c: &mut Chaos) {
+    let states = pod_states(ops);
+    for i in 0..pods.len() {
+        let p = &pods[i];
+        let Some(&(bound, running, terminating)) = states.get(&p.name) else { continue };
+        if p.deleted || terminating {
+            continue;
+        }
+        if running && !p.checked {
+            let claim = ops.claim_of(CHAOS_NS, &p.name);
+            let want = claim["status"]["devices"][0]["data"]["migUUID"].as_str().unwrap_or_default().to_string();
+            let (ok, inside) = ops.try_kubectl(&[
+                "exec",
+                "-n",
+                CHAOS_NS,
+                &p.name,
+                "--",
+                "sh",
+                "-c",
+                "echo $NVIDIA_VISIBLE_DEVICES; ls /dev | grep -c '^nvidia[0-9][0-9]*$'",
+            ]);
+            if !ok {
+                continue; // not answering yet (a restart in progress): next round
+            }
+            let mut lines = inside.lines();
+            let (seen, gpus) = (lines.next().unwrap_or_default().trim(), lines.next().unwrap_or_default().trim());
+            let taken = pods.iter().any(|o| o.name != p.name && !o.deleted && o.uuid.as_deref() == Some(seen));
+            if want.is_empty() || seen != want || gpus != "1" || taken {
+                println!(
+                    "{}: saw {seen:?} ({gpus} GPU nodes), its claim says {want:?}, taken by another: {taken}",
+                    p.name
+                );
+                c.double += 1;
+            }
+            pods[i].checked = true;
+            pods[i].uuid = Some(seen.to_string());
+            c.checked += 1;
+        } else if bound && !running && !p.checked && p.created.elapsed() > STUCK_AFTER {
+            println!(
+                "{} stuck: bound, not running after {:?}\n{}",
+                p.name,
+                p.created.elapsed(),
+                ops.explain(CHAOS_NS, &p.name)
+            );
+            c.stuck += 1;
+            pods[i].checked = true; // counted once
+        }
+    }
+}
+
+/// Wait until every pod left runs (checked) and every deleted one is gone, then compare what the
+/// node holds with the running pods: each holds one instance, one spec, one metadata directory.
+#[allow(clippy::print_stdout)] // what went wrong, for the run's report
+async fn quiet_point(ops: &Ops, node: &KubeNode, pods: &mut [Tracked], c: &mut Chaos, when: &str) {
+    let quiet = eventually(format!("the chaos pods settled ({when})"))
+        .within(STUCK_AFTER + Duration::from_secs(60))
+        .every(Duration::from_millis(500))
+        .explain(|| ops.explain(CHAOS_NS, "-l none-such"))
+        .until(|| {
+            let states = pod_states(ops);
+            let gone = pods.iter().filter(|p| p.deleted).all(|p| !states.contains_key(&p.name));
+            let settled = pods.iter().filter(|p| !p.deleted).all(|p| states.get(&p.name).is_some_and(|s| s.1));
+            if gone && settled { Ok(()) } else { Err(format!("{states:?}")) }
+        });
+    quiet.await;
+    observe(ops, pods, c);
+    let running = pods.iter().filter(|p| !p.deleted).count();
+    // Unprepares finish after the pods are gone: give them a minute, then count what is left.
+    eventually(format!("the node holds what {running} running pods explain ({when})"))
+        .within(Duration::from_secs(60))
+        .every(Duration::from_millis(500))
+        .measure(|| {
+            let p = prepared(node);
+            (p.0.len(), p.1.len(), p.2.len()) == (running, running, running)
+        })
+        .await;
+    let p = prepared(node);
+    let extra = |n: usize| n.saturating_sub(running);
+    let leaked = extra(p.0.len()) + extra(p.1.len()) + extra(p.2.len());
+    let missing = running.saturating_sub(p.0.len().min(p.1.len()).min(p.2.len()));
+    if leaked + missing > 0 {
+        println!("{when}: {running} running pods, the node holds {p:?}");
+    }
+    c.leaked += leaked + missing;
 }
