@@ -8,6 +8,7 @@ mod claims;
 mod cleanup;
 mod demo;
 mod device_classes;
+mod health;
 mod layout;
 mod output;
 mod probe;
@@ -249,6 +250,9 @@ pub enum Command {
     Cleanup(cleanup::Args),
     /// The kubelet plugin daemon
     Serve(serve::Args),
+    /// Device health: `clear` asks the running serve to forget the XIDs of GPUs the operator has
+    /// looked at, without a restart
+    Health(health::Args),
     /// Ask a running serve what the kubelet would (GetInfo, then an empty NodePrepareResources);
     /// exit 0 only if both answer in time, and with --ready only if it publishes its
     /// ResourceSlices too. The DaemonSet's probes
@@ -300,6 +304,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Claims(args) => claims::run(&args, &cli.global, out),
         Command::Cleanup(args) => cleanup::run(&args, &cli.global, out),
         Command::Serve(args) => serve::run(&args, &cli.global),
+        Command::Health(args) => health::run(&args, &cli.global, out),
         Command::Probe(args) => probe::run(&args, &cli.global, out),
         Command::Demo(args) => demo::run(&args, out),
     }

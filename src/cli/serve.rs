@@ -212,6 +212,13 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
             }
         };
         let driver = Arc::new(driver);
+        let health_requests = {
+            let mut rx = stop_rx.clone();
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            tokio::spawn(take_health_requests(engine.clone(), plugin_dir.clone(), args.health_interval, stop))
+        };
         let sweeper = {
             let mut rx = stop_rx.clone();
             let stop = async move {
@@ -245,6 +252,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         };
         let served = kubelet::serve(config, driver, state, shutdown).await;
         let _ = sweeper.await;
+        let _ = health_requests.await;
         if let Some(p) = publisher {
             let _ = p.await;
         }
@@ -259,6 +267,37 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     result?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Every `every`, take the operator's `migdra health clear` request, if any, and forget the
+/// errors of the GPUs it names; the health stream and the taints follow on their next look.
+async fn take_health_requests(
+    engine: Arc<crate::prepare::Engine>,
+    plugin_dir: std::path::PathBuf,
+    every: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let uuids = match super::health::take_request(&plugin_dir) {
+            Ok(Some(uuids)) => uuids,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %plugin_dir.display(), "health clear request unreadable");
+                continue;
+            }
+        };
+        for uuid in uuids {
+            match engine.backend().clear_health(&uuid) {
+                Ok(()) => tracing::warn!(gpu = %uuid, "health cleared by the operator (migdra health clear)"),
+                Err(e) => tracing::warn!(gpu = %uuid, error = %e, "health clear request names no GPU of this node"),
+            }
+        }
+    }
 }
 
 /// Every `every`, roll back the claims left mid-prepare that the claim source no longer

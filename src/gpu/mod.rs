@@ -319,6 +319,14 @@ pub trait GpuBackend: Send + Sync {
     fn unhealthy_reason(&self, _gpu: &str, _gi: Option<u32>) -> Option<String> {
         None
     }
+    /// Forget the errors that made a GPU and its instances unhealthy: the operator looked
+    /// (`migdra health clear`). A GPU NVML cannot reach stays unhealthy.
+    ///
+    /// # Errors
+    /// The GPU is not known.
+    fn clear_health(&self, _gpu: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The `nvidia-caps` major the simulator reports: the value in the MIG guide's `ls -l` example.

@@ -116,6 +116,45 @@ async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
         }
         assert!(Instant::now() < deadline, "GPU 0 never turned unhealthy: {health:?}");
     }
+
+    // An XID on the claim's instance (contained ECC, the GPU stays on the bus): unhealthy until
+    // the operator, having looked, runs `migdra health clear` against the running daemon.
+    node.hw.set_instance_health(&gpus[1].uuid, gi.id, false).unwrap();
+    let dev_health = |want: HealthStatus| {
+        let device = device.clone();
+        move |msg: &migdra::kubelet::proto::health_v1::NodeWatchResourcesResponse| {
+            msg.devices.iter().any(|d| {
+                d.device.as_ref().is_some_and(|id| id.device_name == device)
+                    && HealthStatus::try_from(d.health) == Ok(want)
+            })
+        }
+    };
+    let unhealthy = dev_health(HealthStatus::Unhealthy);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap().unwrap().unwrap();
+        if unhealthy(&msg) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the instance never turned unhealthy");
+    }
+    let said = node.node.cli(&["health", "clear", "--gpu", "1"]);
+    assert!(said.contains(&gpus[1].uuid), "{said}");
+    let healthy = dev_health(HealthStatus::Healthy);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap().unwrap().unwrap();
+        if healthy(&msg) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the instance still unhealthy after migdra health clear");
+    }
+    let bad = node.node.command(&["health", "clear", "--gpu", "7"]).output().unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    // GPU 0 fell off the bus above: a new process's NVML no longer lists it.
+    let known = format!("--gpu \"7\" is not a GPU of this node; known: 1 ({})", gpus[1].uuid);
+    assert!(err.contains(&known) && err.lines().count() == 1, "{err}");
     kubelet.unprepare(Version::V1, &[claim]).await.unwrap();
     assert!(node.hw.gpu_instances(&gpus[1].uuid).unwrap().is_empty(), "unprepare destroyed the instance");
     assert_eq!(node.calls().iter().filter(|c| *c == "nvmlDeviceSetMigMode").count(), 0);
@@ -126,7 +165,8 @@ type Taint = (String, Option<String>);
 
 /// The same XID through NVML reaches the slices: every device of the GPU gets the
 /// `<driver>/xid` taint with the XID NVML's event reported (a lost GPU's `gpu-lost` may come
-/// first, as the health stream's message does), the other GPU's devices none.
+/// first, as the health stream's message does), the other GPU's devices none; once the GPU is
+/// reset and answers again, the taints go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_xid_on_nvml_taints_the_gpu_devices_in_the_slices() {
     let FakeNode { node, hw, .. } = FakeNode::new("h100-80gb:2");
@@ -170,6 +210,18 @@ async fn an_xid_on_nvml_taints_the_gpu_devices_in_the_slices() {
             if ok { Ok(()) } else { Err(format!("{t:?}")) }
         })
         .await;
+    // The GPU is reset and answers NVML again: its health and its taint come back, no restart.
+    hw.set_gpu_health(&gpus[0].uuid, true).unwrap();
+    eventually("GPU 0's taints gone after its reset")
+        .within(Duration::from_secs(20))
+        .every(Duration::from_millis(50))
+        .explain(|| daemon.log_tail())
+        .until(|| {
+            let t = taints();
+            if !t.is_empty() && t.iter().all(|(_, t)| t.is_empty()) { Ok(()) } else { Err(format!("{t:?}")) }
+        })
+        .await;
+    assert!(daemon.log().contains("it was reset; its XID health is cleared"), "{}", daemon.log_tail());
 }
 
 /// What hack/check-device.sh runs — `migdra layout` and `migdra slices` on NVML — shows what the

@@ -4,8 +4,9 @@
 //! what it hears into a [`HealthBook`]; the backend reads the book in `gpus()` and
 //! `gpu_instances()`, which the kubelet health stream already polls. A critical XID
 //! ([`xid::is_critical`]) that names a GPU instance marks only that instance; one that names
-//! none marks the whole GPU. Nothing heals a device but a restart, as with NVIDIA's own plugins:
-//! an XID means someone should look.
+//! none marks the whole GPU. An XID means someone should look, so health comes back only on
+//! evidence: a GPU that was lost answering NVML again (it was reset), or the operator's
+//! `migdra health clear`.
 
 use super::ffi::{self, EventSet};
 use crate::gpu::xid;
@@ -33,6 +34,8 @@ struct Book {
     gpus: HashMap<String, String>,
     /// (GPU UUID, GI ID) → reason.
     instances: HashMap<(String, u32), String>,
+    /// GPUs seen lost (GPU_IS_LOST) and not yet seen answering again.
+    lost: std::collections::HashSet<String>,
 }
 
 impl HealthBook {
@@ -72,6 +75,30 @@ impl HealthBook {
     /// Mark a GPU unhealthy for a reason other than an XID.
     pub fn lost(&self, uuid: &str, why: &str) {
         self.lock().gpus.entry(uuid.to_string()).or_insert_with(|| why.to_string());
+    }
+
+    /// Follow whether NVML reaches the GPU. A GPU that was lost and answers again has been reset
+    /// (only a reset brings one back onto the bus), which clears its errors and its instances':
+    /// its health, and its taint, come back without restarting migdra. Returns whether it did.
+    pub fn reachable(&self, uuid: &str, reachable: bool) -> bool {
+        let mut book = self.lock();
+        if !reachable {
+            book.lost.insert(uuid.to_string());
+            return false;
+        }
+        if !book.lost.remove(uuid) {
+            return false;
+        }
+        drop(book);
+        self.clear(uuid);
+        true
+    }
+
+    /// Forget a GPU's errors and its instances' (the operator's `migdra health clear`).
+    pub fn clear(&self, uuid: &str) {
+        let mut book = self.lock();
+        book.gpus.remove(uuid);
+        book.instances.retain(|(gpu, _), _| gpu != uuid);
     }
 
     /// A destroyed GPU instance takes its errors with it: a new one may reuse its ID.
@@ -193,5 +220,18 @@ mod tests {
         assert!(!b.gpu_healthy("GPU-b") && b.gpu_healthy("GPU-a"));
         b.lost("GPU-c", "lost");
         assert!(!b.gpu_healthy("GPU-c"));
+    }
+
+    #[test]
+    fn a_lost_gpu_that_answers_again_was_reset_and_is_healthy_again() {
+        let b = HealthBook::default();
+        assert!(b.record("GPU-a", None, 48) && b.record("GPU-a", Some(2), 94) && b.record("GPU-b", None, 79));
+        assert!(!b.reachable("GPU-a", true), "never lost: an XID alone stays until someone looks");
+        assert!(!b.gpu_healthy("GPU-a"));
+        assert!(!b.reachable("GPU-a", false) && !b.reachable("GPU-a", false));
+        assert!(b.reachable("GPU-a", true), "back on the bus");
+        assert!(b.gpu_healthy("GPU-a") && b.instance_healthy("GPU-a", 2));
+        assert!(!b.reachable("GPU-a", true), "once");
+        assert!(!b.gpu_healthy("GPU-b"), "another GPU keeps its XID");
     }
 }

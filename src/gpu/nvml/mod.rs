@@ -211,6 +211,9 @@ impl GpuBackend for NvmlBackend {
                 Err(e) if e.code() == Some(NvmlCode::GpuIsLost) => (k.identity.clone(), true),
                 Err(e) => return Err(e),
             };
+            if self.health.reachable(&k.uuid, !lost) {
+                tracing::warn!(gpu = %k.uuid, "GPU answers NVML again after GPU_IS_LOST: it was reset; its XID health is cleared");
+            }
             out.push(GpuInfo {
                 index: k.index,
                 minor: id.minor,
@@ -355,6 +358,11 @@ impl GpuBackend for NvmlBackend {
 
     fn mig_capability_minors(&self, gpu_minor: u32, gi_id: u32, ci_id: u32) -> Result<(u32, u32)> {
         self.procfs.mig_capability_minors(gpu_minor, gi_id, ci_id)
+    }
+
+    fn clear_health(&self, gpu: &str) -> Result<()> {
+        self.health.clear(&self.resolve(gpu)?.uuid);
+        Ok(())
     }
 
     fn unhealthy_reason(&self, gpu: &str, gi: Option<u32>) -> Option<String> {

@@ -417,6 +417,19 @@ impl GpuBackend for SimBackend {
         Ok(crate::gpu::capability_minors(gpu_minor, gi_id, ci_id))
     }
 
+    /// The simulator keeps health as hardware state: clearing marks the GPU and its instances
+    /// healthy, as `migdra sim health` does.
+    fn clear_health(&self, gpu: &str) -> Result<()> {
+        self.txn(|st, _| {
+            let i = st.resolve(gpu)?;
+            st.gpus[i].healthy = true;
+            for gi in &mut st.gpus[i].gpu_instances {
+                gi.healthy = true;
+            }
+            Ok(())
+        })
+    }
+
     fn unhealthy_reason(&self, gpu: &str, gi: Option<u32>) -> Option<String> {
         let st = self.state().ok()?;
         let index = st.gpus[st.resolve(gpu).ok()?].index;
