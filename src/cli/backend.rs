@@ -152,7 +152,7 @@ fn crash_points(engine: Engine) -> Result<Engine, CliError> {
     let Ok(step) = std::env::var("MIGDRA_CRASH_AT") else { return Ok(engine) };
     use crate::prepare::Step;
     let step = Step::parse(&step).ok_or_else(|| {
-        let names: Vec<&str> = Step::ALL.iter().map(|s| s.name()).collect();
+        let names: Vec<&str> = Step::ALL.iter().chain(&Step::RECOVERY).map(|s| s.name()).collect();
         CliError::Usage(format!("MIGDRA_CRASH_AT={step:?} is not a step; valid: {}", names.join(", ")))
     })?;
     Ok(engine.with_hook(Arc::new(move |s| {

@@ -16,8 +16,8 @@
 //! for instances, the checkpoint lock for specs and claims), so a claim the daemon is preparing
 //! right now is never touched. A dry run takes no lock and changes nothing.
 
-use super::Engine;
 use super::instances::{destroy_gi, holds};
+use super::{Engine, Step};
 use crate::cdi;
 use crate::cdi::CdiError;
 use crate::gpu::GpuError;
@@ -239,7 +239,10 @@ impl Engine {
                     }
                     (Some(Ok(_)), Some((_, gis))) if !gis.contains(gi) => Outcome::skipped("it is gone already"),
                     (Some(Ok(_)), _) => match destroy_gi(self.backend.as_ref(), uuid, gi.id, None) {
-                        Ok(()) => Outcome::planned(false, "", "destroyed"),
+                        Ok(()) => {
+                            self.step(Step::OrphanDestroyed);
+                            Outcome::planned(false, "", "destroyed")
+                        }
                         Err(e) => Outcome::failed(e),
                     },
                 };

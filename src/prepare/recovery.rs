@@ -19,7 +19,7 @@
 //!   (`--orphans`); instances on static GPUs are never touched.
 
 use super::instances::{destroy_gi, holds};
-use super::{Engine, GpuEntry, PrepareError};
+use super::{Engine, GpuEntry, PrepareError, Step};
 use crate::cdi;
 use crate::gpu::NvmlCode;
 use crate::mig::devices::GpuMode;
@@ -119,6 +119,9 @@ impl Engine {
         }
         cp.boot_id.clone_from(&self.boot_id);
         self.store.replace(&cp).map_err(ckpt)?;
+        if report.boot_changed {
+            self.step(Step::RecreateMarked);
+        }
 
         for c in cp.claims.values().filter(|c| c.state == ClaimState::UnprepareStarted) {
             match self.unprepare(&c.uid) {
@@ -136,6 +139,7 @@ impl Engine {
             for uid in uids.filter(|uid| !cp.holds(uid)) {
                 if self.cdi.remove(&uid).is_ok() {
                     report.stale_cdi_specs_removed.push(uid);
+                    self.step(Step::StaleSpecRemoved);
                 }
             }
         }
@@ -266,7 +270,10 @@ impl Engine {
                     OrphanPolicy::Keep => OrphanAction::Kept,
                     OrphanPolicy::Report => OrphanAction::Reported,
                     OrphanPolicy::Destroy => match destroy_gi(self.backend.as_ref(), uuid, gi.id, None) {
-                        Ok(()) => OrphanAction::Destroyed,
+                        Ok(()) => {
+                            self.step(Step::OrphanDestroyed);
+                            OrphanAction::Destroyed
+                        }
                         Err(e) => OrphanAction::DestroyFailed(e.to_string()),
                     },
                 };

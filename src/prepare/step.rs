@@ -23,6 +23,12 @@ pub enum Step {
     CiDestroyed,
     GiDestroyed,
     ClaimDropped,
+    /// Recovery after a reboot: the claims are marked for re-creation (one checkpoint write).
+    RecreateMarked,
+    /// Recovery or `migdra cleanup` destroyed an instance no claim explains.
+    OrphanDestroyed,
+    /// Recovery removed a CDI spec no claim holds.
+    StaleSpecRemoved,
 }
 
 impl Step {
@@ -40,6 +46,10 @@ impl Step {
         Self::ClaimDropped,
     ];
 
+    /// The points of startup recovery and `migdra cleanup`, apart from [`Self::ALL`]: a kill
+    /// there is tested by running recovery or cleanup again, not by a kubelet's retry.
+    pub const RECOVERY: [Step; 3] = [Self::RecreateMarked, Self::OrphanDestroyed, Self::StaleSpecRemoved];
+
     /// kebab-case name, as `MIGDRA_CRASH_AT` takes it.
     pub fn name(self) -> &'static str {
         match self {
@@ -54,11 +64,14 @@ impl Step {
             Self::CiDestroyed => "ci-destroyed",
             Self::GiDestroyed => "gi-destroyed",
             Self::ClaimDropped => "claim-dropped",
+            Self::RecreateMarked => "recreate-marked",
+            Self::OrphanDestroyed => "orphan-destroyed",
+            Self::StaleSpecRemoved => "stale-spec-removed",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.name() == s.trim())
+        Self::ALL.into_iter().chain(Self::RECOVERY).find(|p| p.name() == s.trim())
     }
 }
 
