@@ -1535,3 +1535,50 @@ async fn serve_waits_for_an_api_server_that_is_not_there_yet() {
         .await;
     println!("published and ready {:.1?} after the API server started, {retries} failed rounds before", t.elapsed());
 }
+
+/// `serve` killed right after it wrote one ResourceSlice of several, and right after it wrote a
+/// claim's status: started again, the pool is complete and valid with the same devices, and the
+/// claim's status holds our one entry, with the same device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_after_an_api_write_converges_when_started_again() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = Cluster::start().await;
+    let names = |slices: &[ResourceSlice]| -> BTreeSet<String> {
+        slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).map(|d| d.name.clone()).collect()
+    };
+    let before = cluster.published(Duration::from_secs(60)).await;
+    assert!(before.len() > 1, "several slices, so a kill can fall between two writes");
+    cluster.daemon.terminate(Duration::from_secs(5)).await;
+    let api: Api<ResourceSlice> = Api::all(cluster.client.clone());
+    let of_node = ListParams::default().labels(&format!("{DRIVER}/node={NODE}"));
+    api.delete_collection(&DeleteParams::default(), &of_node).await.unwrap();
+
+    let mut doomed =
+        cluster.node.serve().args(["--resync", RESYNC_ARG]).env("MIGDRA_CRASH_AT", "slice-written").spawn();
+    let status = doomed.wait_exit(Duration::from_secs(30)).await.expect("killed after its first slice write");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status:?}");
+    let partial = api.list(&of_node).await.unwrap().items.len();
+    assert!(partial >= 1 && partial < before.len(), "{partial} of {} slices written before the kill", before.len());
+    let (daemon, kubelet) = cluster.node.serve().args(["--resync", RESYNC_ARG]).registered().await;
+    (cluster.daemon, cluster.kubelet) = (daemon, kubelet);
+    check_slices(&cluster).await;
+    assert_eq!(names(&cluster.published(Duration::from_secs(30)).await), names(&before));
+
+    cluster.create_pod("p-status", "1g.10gb", None).await;
+    assert!(cluster.outcome_bound_within("p-status", Duration::from_secs(60)).await);
+    cluster.daemon.terminate(Duration::from_secs(5)).await;
+    let (mut doomed, kubelet) =
+        cluster.node.serve().args(["--resync", RESYNC_ARG]).env("MIGDRA_CRASH_AT", "status-written").registered().await;
+    let refs: Vec<ClaimRef> = cluster.pod_claims("p-status").await.iter().map(claim_ref).collect();
+    let answered = kubelet.prepare(Version::V1, &refs).await;
+    let status = doomed.wait_exit(Duration::from_secs(10)).await.expect("killed after the status write");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status:?} ({answered:?})");
+    let (daemon, kubelet) = cluster.node.serve().args(["--resync", RESYNC_ARG]).registered().await;
+    (cluster.daemon, cluster.kubelet) = (daemon, kubelet);
+    let devices = cluster.prepare("p-status").await;
+    let claim = cluster.claims().get(&refs[0].name).await.unwrap();
+    assert_eq!(ours(&claim).len(), 1, "one status entry of ours: {:?}", claim.status);
+    assert_eq!(ours(&claim)[0]["device"], devices[0].as_str());
+    cluster.finish("p-status", true).await;
+    assert!(cluster.node.checkpoint().is_empty());
+}

@@ -152,10 +152,10 @@ fn crash_points(engine: Engine) -> Result<Engine, CliError> {
     let Ok(step) = std::env::var("MIGDRA_CRASH_AT") else { return Ok(engine) };
     use crate::prepare::Step;
     let step = Step::parse(&step).ok_or_else(|| {
-        let names: Vec<&str> = Step::ALL.iter().chain(&Step::RECOVERY).map(|s| s.name()).collect();
+        let names: Vec<&str> = Step::ALL.iter().chain(&Step::RECOVERY).chain(&Step::API).map(|s| s.name()).collect();
         CliError::Usage(format!("MIGDRA_CRASH_AT={step:?} is not a step; valid: {}", names.join(", ")))
     })?;
-    Ok(engine.with_hook(Arc::new(move |s| {
+    let hook: crate::prepare::Hook = Arc::new(move |s| {
         if s == step {
             // SIGKILL, as an OOM kill or node drain would: no unwinding, no destructors, no
             // rollback. The kernel delivers it before the call returns, so at the step; abort if
@@ -163,7 +163,9 @@ fn crash_points(engine: Engine) -> Result<Engine, CliError> {
             let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
             std::process::abort();
         }
-    })))
+    });
+    crate::prepare::set_process_hook(hook.clone());
+    Ok(engine.with_hook(hook))
 }
 
 #[cfg(not(feature = "crash-points"))]

@@ -121,6 +121,7 @@ impl StatusWriter {
         }
         status.devices = if devices.is_empty() { None } else { Some(devices) };
         api.replace_status(&claim.name, &PostParams::default(), &current).await?;
+        crate::prepare::reached(crate::prepare::Step::StatusWritten);
         Ok(())
     }
 }

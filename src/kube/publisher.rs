@@ -240,6 +240,7 @@ impl Publisher {
                         .replace(&name, &PostParams::default(), &next)
                         .await
                         .map_err(|source| PublishError::Api { op: "update a ResourceSlice", source })?;
+                    crate::prepare::reached(crate::prepare::Step::SliceWritten);
                     warn_if_dropped(want, &written);
                     self.note_dropped_taints(want, &written);
                     report.written.extend(written.metadata.resource_version);
@@ -250,6 +251,7 @@ impl Publisher {
                         .create(&PostParams::default(), want)
                         .await
                         .map_err(|source| PublishError::Api { op: "create a ResourceSlice", source })?;
+                    crate::prepare::reached(crate::prepare::Step::SliceWritten);
                     warn_if_dropped(want, &written);
                     self.note_dropped_taints(want, &written);
                     report.written.extend(written.metadata.resource_version);

@@ -56,7 +56,7 @@ pub use cleanup::{BrokenSpec, CleanupError, CleanupReport, LostClaim, OrphanInst
 pub use error::PrepareError;
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
 pub use stale::{StaleClaim, StaleReason, Sweep};
-pub use step::{Hook, Step};
+pub use step::{Hook, Step, reached, set_process_hook};
 
 use crate::cdi::CdiWriter;
 use crate::cdi::metadata::MetadataDir;

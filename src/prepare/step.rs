@@ -29,6 +29,10 @@ pub enum Step {
     OrphanDestroyed,
     /// Recovery removed a CDI spec no claim holds.
     StaleSpecRemoved,
+    /// The publisher created or replaced one ResourceSlice.
+    SliceWritten,
+    /// A claim's status (our device entries) was written to the API server.
+    StatusWritten,
 }
 
 impl Step {
@@ -50,6 +54,10 @@ impl Step {
     /// there is tested by running recovery or cleanup again, not by a kubelet's retry.
     pub const RECOVERY: [Step; 3] = [Self::RecreateMarked, Self::OrphanDestroyed, Self::StaleSpecRemoved];
 
+    /// The points of `serve`'s API writes, reached through [`reached`] (they are not the
+    /// engine's): a kill there is tested by starting serve again.
+    pub const API: [Step; 2] = [Self::SliceWritten, Self::StatusWritten];
+
     /// kebab-case name, as `MIGDRA_CRASH_AT` takes it.
     pub fn name(self) -> &'static str {
         match self {
@@ -67,16 +75,34 @@ impl Step {
             Self::RecreateMarked => "recreate-marked",
             Self::OrphanDestroyed => "orphan-destroyed",
             Self::StaleSpecRemoved => "stale-spec-removed",
+            Self::SliceWritten => "slice-written",
+            Self::StatusWritten => "status-written",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().chain(Self::RECOVERY).find(|p| p.name() == s.trim())
+        Self::ALL.into_iter().chain(Self::RECOVERY).chain(Self::API).find(|p| p.name() == s.trim())
     }
 }
 
 /// Called at every [`Step`].
 pub type Hook = Arc<dyn Fn(Step) + Send + Sync>;
+
+/// The process's hook for the points outside the engine ([`Step::API`]); set once, by the CLI of
+/// a `crash-points` build.
+static PROCESS_HOOK: std::sync::OnceLock<Hook> = std::sync::OnceLock::new();
+
+/// Set the process's hook for [`reached`].
+pub fn set_process_hook(hook: Hook) {
+    let _ = PROCESS_HOOK.set(hook);
+}
+
+/// A point outside the engine was reached: call the process's hook, if any.
+pub fn reached(step: Step) {
+    if let Some(hook) = PROCESS_HOOK.get() {
+        hook(step);
+    }
+}
 
 impl Engine {
     /// Call `hook` at every [`Step`] (tests use it to crash there).
