@@ -1476,7 +1476,12 @@ async fn a_claim_left_mid_prepare_whose_pod_is_deleted_is_rolled_back() {
             if !s.contains_key(&gone.uid) { Ok(()) } else { Err(format!("{s:?}")) }
         })
         .await;
-    assert!(cluster.daemon.log().contains("rolled back, its instances released"), "{}", cluster.daemon.log_tail());
+    // The daemon logs once its whole check is done (the other claim's lookup comes after).
+    eventually("the rollback in the daemon's log")
+        .within(Duration::from_secs(10))
+        .explain(|| cluster.daemon.log_tail())
+        .until(|| cluster.daemon.log().contains("rolled back, its instances released"))
+        .await;
     assert_eq!(instances(&cluster), 1, "the deleted pod's instance released, the other kept");
     // Three more checks (1 s apart) leave the claim the API still allocates here alone.
     tokio::time::sleep(Duration::from_secs(3)).await;
