@@ -204,27 +204,23 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                     .with_device_order(global.node.device_order.into())
                     .with_taints(taints, args.health_interval)
                     .with_resync(args.resync);
-                let mut rx = stop_rx.clone();
-                publisher = Some(tokio::spawn(p.run(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })));
+                publisher = Some(tokio::spawn(p.run(stopped(&stop_rx))));
                 (Driver::new(engine.clone(), claims.clone(), state.clone()).with_reporter(reporter), claims)
             }
         };
         let driver = Arc::new(driver);
         let health_requests = {
-            let mut rx = stop_rx.clone();
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            tokio::spawn(take_health_requests(engine.clone(), plugin_dir.clone(), args.health_interval, stop))
+            let (engine, dir) = (engine.clone(), plugin_dir.clone());
+            tokio::spawn(every(args.health_interval, stopped(&stop_rx), move || {
+                take_health_request(&engine, &dir);
+                std::future::ready(())
+            }))
         };
         let sweeper = {
-            let mut rx = stop_rx.clone();
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            tokio::spawn(sweep_stale_claims(engine.clone(), claims, args.resync, stop))
+            let engine = engine.clone();
+            tokio::spawn(every(args.resync, stopped(&stop_rx), move || {
+                sweep_stale_claims(engine.clone(), claims.clone())
+            }))
         };
         let metrics = match args.metrics_addr {
             Some(addr) => {
@@ -234,14 +230,10 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 let bound = listener.local_addr().map_or_else(|_| addr.to_string(), |a| a.to_string());
                 tracing::info!(addr = %bound, "serving metrics at /metrics");
                 let scraped = engine.clone();
-                let mut rx = stop_rx.clone();
-                let stop = async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                };
                 Some(tokio::spawn(crate::metrics::serve(
                     listener,
                     move || crate::metrics::METRICS.render(Some(&scraped)),
-                    stop,
+                    stopped(&stop_rx),
                 )))
             }
             None => None,
@@ -269,79 +261,78 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     Ok(())
 }
 
-/// Every `every`, take the operator's `migdra health clear` request, if any, and forget the
-/// errors of the GPUs it names; the health stream and the taints follow on their next look.
-async fn take_health_requests(
-    engine: Arc<crate::prepare::Engine>,
-    plugin_dir: std::path::PathBuf,
-    every: Duration,
+/// Resolves once the watch says stop: each background task's end.
+fn stopped(rx: &tokio::sync::watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// Run `tick` every `period` (first after one period) until `stop`.
+async fn every<F: std::future::Future<Output = ()>>(
+    period: Duration,
     stop: impl std::future::Future<Output = ()>,
+    mut tick: impl FnMut() -> F,
 ) {
     tokio::pin!(stop);
     loop {
         tokio::select! {
             () = &mut stop => return,
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(period) => {}
         }
-        let uuids = match super::health::take_request(&plugin_dir) {
-            Ok(Some(uuids)) => uuids,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, dir = %plugin_dir.display(), "health clear request unreadable");
-                continue;
-            }
-        };
-        for uuid in uuids {
-            match engine.backend().clear_health(&uuid) {
-                Ok(()) => tracing::warn!(gpu = %uuid, "health cleared by the operator (migdra health clear)"),
-                Err(e) => tracing::warn!(gpu = %uuid, error = %e, "health clear request names no GPU of this node"),
-            }
+        tick().await;
+    }
+}
+
+/// Take the operator's `migdra health clear` request, if any, and forget the errors of the GPUs
+/// it names; the health stream and the taints follow on their next look.
+fn take_health_request(engine: &crate::prepare::Engine, plugin_dir: &std::path::Path) {
+    let uuids = match super::health::take_request(plugin_dir) {
+        Ok(Some(uuids)) => uuids,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %plugin_dir.display(), "health clear request unreadable");
+            return;
+        }
+    };
+    for uuid in uuids {
+        match engine.backend().clear_health(&uuid) {
+            Ok(()) => tracing::warn!(gpu = %uuid, "health cleared by the operator (migdra health clear)"),
+            Err(e) => tracing::warn!(gpu = %uuid, error = %e, "health clear request names no GPU of this node"),
         }
     }
 }
 
-/// Every `every`, roll back the claims left mid-prepare that the claim source no longer
-/// allocates to this node ([`Engine::sweep_stale`](crate::prepare::Engine::sweep_stale)), until
-/// `stop`. The sweep reads the claim source with blocking calls, so it runs on a blocking thread.
-async fn sweep_stale_claims(
-    engine: Arc<crate::prepare::Engine>,
-    claims: Arc<dyn ClaimSource>,
-    every: Duration,
-    stop: impl std::future::Future<Output = ()>,
-) {
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(every) => {}
+/// Roll back the claims left mid-prepare that the claim source no longer allocates to this node
+/// ([`Engine::sweep_stale`](crate::prepare::Engine::sweep_stale)). The sweep reads the claim
+/// source with blocking calls, so it runs on a blocking thread.
+async fn sweep_stale_claims(engine: Arc<crate::prepare::Engine>, claims: Arc<dyn ClaimSource>) {
+    let sweep = match tokio::task::spawn_blocking(move || engine.sweep_stale(claims.as_ref())).await {
+        Ok(Ok(sweep)) => sweep,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "stale-claim check skipped");
+            return;
         }
-        let (engine, claims) = (engine.clone(), claims.clone());
-        let sweep = match tokio::task::spawn_blocking(move || engine.sweep_stale(claims.as_ref())).await {
-            Ok(Ok(sweep)) => sweep,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "stale-claim check skipped");
-                continue;
+        Err(e) => {
+            tracing::error!(error = %e, "stale-claim check failed");
+            return;
+        }
+    };
+    for (claim, e) in &sweep.unknown {
+        tracing::debug!(%claim, error = %e, "claim left mid-prepare kept: its allocation could not be read");
+    }
+    for stale in &sweep.stale {
+        match &stale.rollback {
+            Ok(()) => {
+                crate::metrics::METRICS.stale_rolled_back(stale.reason);
+                tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(),
+                    "claim left mid-prepare is no longer allocated to this node: rolled back, its instances released");
             }
             Err(e) => {
-                tracing::error!(error = %e, "stale-claim check failed");
-                continue;
-            }
-        };
-        for (claim, e) in &sweep.unknown {
-            tracing::debug!(%claim, error = %e, "claim left mid-prepare kept: its allocation could not be read");
-        }
-        for stale in &sweep.stale {
-            match &stale.rollback {
-                Ok(()) => {
-                    crate::metrics::METRICS.stale_rolled_back(stale.reason);
-                    tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(),
-                        "claim left mid-prepare is no longer allocated to this node: rolled back, its instances released");
-                }
-                Err(e) => {
-                    crate::metrics::METRICS.error("unprepare", &e.reason());
-                    tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(), error = %e,
-                        "claim left mid-prepare is no longer allocated to this node; rolling it back failed, the next check retries");
-                }
+                crate::metrics::METRICS.error("unprepare", &e.reason());
+                tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(), error = %e,
+                    "claim left mid-prepare is no longer allocated to this node; rolling it back failed, the next check retries");
             }
         }
     }

@@ -75,7 +75,7 @@ impl Engine {
                 Err(ClaimError::NotAllocated { .. }) => StaleReason::Deallocated,
                 Ok(Some(found)) => {
                     let opts = self.options();
-                    if found.results.iter().any(|r| r.driver == opts.driver && r.pool == opts.pool) {
+                    if found.results_for(&opts.driver).any(|r| r.pool == opts.pool) {
                         continue;
                     }
                     StaleReason::AllocatedElsewhere
