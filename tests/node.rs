@@ -268,6 +268,22 @@ fn workload_pod(name: &str, claims: &str, resources: &str) -> String {
     )
 }
 
+/// SIGKILL the running migdra container's process, as a crash; false when none is running.
+fn kill_migdra(node: &KubeNode) -> bool {
+    let out = node.crictl(&["ps", "--name", "migdra", "-q"]);
+    let Some(id) = String::from_utf8_lossy(&out.stdout).lines().next().map(str::to_owned) else { return false };
+    let inspect: Value = serde_json::from_slice(&node.crictl(&["inspect", &id]).stdout).unwrap_or_default();
+    let Some(pid) = inspect["info"]["pid"].as_u64() else { return false };
+    std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().is_ok_and(|s| s.success())
+}
+
+/// `migdra sim fail FAULT` on the node's simulated GPUs, as the daemon sees them.
+fn sim_fail(node: &KubeNode, fault: &str) {
+    let out =
+        support::command::migdra().args(["sim", "fail", fault, "--sim-state"]).arg(node.sim_state()).output().unwrap();
+    assert!(out.status.success(), "migdra sim fail {fault}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// A MIG instance: (GPU minor, profile ID, placement start).
 type Instance = (u64, u64, u64);
 
@@ -301,8 +317,8 @@ struct Cluster {
 
 /// Images, control plane, node, `helm install`, node label, rollout: daemonset/README.md's
 /// commands, with the values this node needs: simulated GPUs, the kubelet's root dir, and the
-/// API server's address for pods (no kube-proxy here).
-async fn bring_up(steps: &Steps) -> Cluster {
+/// API server's address for pods (no kube-proxy here), and `env` for the migdra container.
+async fn bring_up(steps: &Steps, env: &[(&str, &str)]) -> Cluster {
     let helm = support::render::HELM.find().expect("helm: bash hack/build-helm.sh (MIGDRA_REQUIRE_RENDERS=1 in CI)");
     let images_dir = tempfile::tempdir().unwrap();
     let images = kubenode::image_archives(images_dir.path());
@@ -339,16 +355,16 @@ async fn bring_up(steps: &Steps) -> Cluster {
 
     let api_port = cp.url.rsplit(':').next().unwrap().to_string();
     let values = node.dir().join("values.yaml");
-    std::fs::write(
-        &values,
-        format!(
-            "kubeletRootDir: {root}\nsimulation:\n  gpus: {GPUS}\n  stateDir: {sim}\nextraEnv:\n\
-             - name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n- name: KUBERNETES_SERVICE_PORT\n  value: \"{api_port}\"\n",
-            root = node.root_dir().display(),
-            sim = node.sim_dir().display(),
-        ),
-    )
-    .unwrap();
+    let mut text = format!(
+        "kubeletRootDir: {root}\nsimulation:\n  gpus: {GPUS}\n  stateDir: {sim}\nextraEnv:\n\
+         - name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n- name: KUBERNETES_SERVICE_PORT\n  value: \"{api_port}\"\n",
+        root = node.root_dir().display(),
+        sim = node.sim_dir().display(),
+    );
+    for (name, value) in env {
+        text.push_str(&format!("- name: {name}\n  value: \"{value}\"\n"));
+    }
+    std::fs::write(&values, text).unwrap();
     let t = Instant::now();
     ops.helm(&[
         "install",
@@ -382,7 +398,7 @@ async fn bring_up(steps: &Steps) -> Cluster {
 async fn the_chart_on_a_real_node() {
     let _serial = SERIAL.lock().await;
     let steps = Steps(Instant::now());
-    let Cluster { cp, mut node, ops } = bring_up(&steps).await;
+    let Cluster { cp, mut node, ops } = bring_up(&steps, &[]).await;
 
     // A plain pod and a MIG pod, created the same way, timed from creation to Running.
     ops.kubectl(&["create", "namespace", USERS]);
@@ -481,11 +497,7 @@ async fn the_chart_on_a_real_node() {
             "jsonpath={.status.containerStatuses[0].restartCount}",
         ])
     };
-    let out = node.crictl(&["ps", "--name", "migdra", "-q"]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let inspect: Value = serde_json::from_slice(&node.crictl(&["inspect", &id]).stdout).unwrap();
-    let pid = inspect["info"]["pid"].as_u64().unwrap_or_else(|| panic!("no pid: {inspect}"));
-    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    assert!(kill_migdra(&node), "no migdra container to kill: {}", ops.explain(CHART_NS, ds_pod.trim()));
     eventually("the migdra container restarted and Ready")
         .within(Duration::from_secs(90))
         .explain(|| ops.explain(CHART_NS, ds_pod.trim()))
@@ -651,7 +663,7 @@ async fn the_chart_on_a_real_node() {
 async fn node_up() {
     let dir = PathBuf::from(std::env::var_os("MIGDRA_NODE_UP_DIR").expect("MIGDRA_NODE_UP_DIR: run hack/node-up.sh"));
     let steps = Steps(Instant::now());
-    let Cluster { cp, node, ops } = bring_up(&steps).await;
+    let Cluster { cp, node, ops } = bring_up(&steps, &[]).await;
     ops.kubectl(&["create", "namespace", USERS]);
     std::fs::copy(cp.kubeconfig(), dir.join("kubeconfig")).unwrap();
     std::fs::write(dir.join("kubectl"), ops.kubectl.display().to_string()).unwrap();
@@ -743,7 +755,7 @@ async fn chaos_on_a_real_node() {
     use migdra::packing::allocator::Rng;
     let _serial = SERIAL.lock().await;
     let steps = Steps(Instant::now());
-    let Cluster { cp, mut node, ops } = bring_up(&steps).await;
+    let Cluster { cp, mut node, ops } = bring_up(&steps, &[]).await;
     let cycles = chaos_setting("MIGDRA_CHAOS_CYCLES", 40) as usize;
     let seed = chaos_setting("MIGDRA_CHAOS_SEED", 1);
     let mut rng = Rng::new(seed);
@@ -762,7 +774,6 @@ async fn chaos_on_a_real_node() {
     let mut c = Chaos { cycles, ..Chaos::default() };
     let mut pods: Vec<Tracked> = Vec::new();
     let mut next = 0;
-    let sim_state = node.sim_state();
     for cycle in 0..cycles {
         // The user: create a pod while fewer than three are alive; else mostly delete one that
         // ran, sometimes one still starting (its prepare may be in flight), or wait.
@@ -788,16 +799,8 @@ async fn chaos_on_a_real_node() {
             c.deleted += 1;
         }
         // The bad day.
-        if kills.contains(&cycle) {
-            let out = node.crictl(&["ps", "--name", "migdra", "-q"]);
-            let id = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().to_string();
-            if !id.is_empty() {
-                let inspect: Value = serde_json::from_slice(&node.crictl(&["inspect", &id]).stdout).unwrap();
-                if let Some(pid) = inspect["info"]["pid"].as_u64() {
-                    let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-                    c.kills += 1;
-                }
-            }
+        if kills.contains(&cycle) && kill_migdra(&node) {
+            c.kills += 1;
         }
         if rolls.contains(&cycle) {
             ops.upgrade(&["--set", &format!("podAnnotations.chaos=roll-{cycle}")]);
@@ -808,14 +811,10 @@ async fn chaos_on_a_real_node() {
             c.kubelet_restarts += 1;
         }
         if faults.contains(&cycle) {
-            let fault =
-                if c.faults.is_multiple_of(2) { "create-gi=insufficient-resources:1" } else { "destroy-gi=in-use:1" };
-            let out = support::command::migdra()
-                .args(["sim", "fail", fault, "--sim-state"])
-                .arg(&sim_state)
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "migdra sim fail: {}", String::from_utf8_lossy(&out.stderr));
+            sim_fail(
+                &node,
+                if c.faults.is_multiple_of(2) { "create-gi=insufficient-resources:1" } else { "destroy-gi=in-use:1" },
+            );
             c.faults += 1;
         }
         // Watch every pod: check the ones that started, count the ones stuck.
@@ -936,4 +935,108 @@ async fn quiet_point(ops: &Ops, node: &KubeNode, pods: &mut [Tracked], c: &mut C
         println!("{when}: {running} running pods, the node holds {p:?}");
     }
     c.leaked += leaked + missing;
+}
+
+/// The namespace of the claims left mid-prepare, apart from the others.
+const LEFT_NS: &str = "left";
+
+/// The claims in migdra's checkpoint on the host, read as an operator would: (UID, state).
+fn checkpoint(node: &KubeNode) -> Vec<(String, String)> {
+    let out = support::command::migdra()
+        .args(["claims", "-o", "json", "--plugin-dir"])
+        .arg(node.root_dir().join("plugins/mig.slinky.slurm.net"))
+        .output()
+        .expect("run migdra claims");
+    assert!(out.status.success(), "migdra claims: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| (c["uid"].as_str().unwrap_or_default().to_owned(), c["state"].as_str().unwrap_or_default().to_owned()))
+        .collect()
+}
+
+/// The whole text of the migdra containers' logs on the node, those that exited included.
+fn migdra_log(node: &KubeNode) -> String {
+    let mut out = String::new();
+    for pod in std::fs::read_dir(node.dir().join("pod-logs")).into_iter().flatten().flatten() {
+        if !pod.file_name().to_string_lossy().starts_with(&format!("{CHART_NS}_")) {
+            continue;
+        }
+        for log in std::fs::read_dir(pod.path().join("migdra")).into_iter().flatten().flatten() {
+            out.push_str(&std::fs::read_to_string(log.path()).unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// A claim left mid-prepare whose pod is deleted before the kubelet retries, on the real node.
+/// migdra is killed while NVML creates the claim's compute instance (a simulated delay), so its
+/// checkpoint holds the claim `PrepareStarted` with a GPU instance; then the pod is force-deleted.
+/// - With the kubelet's state intact, either side may end it: the kubelet checkpoints a claim
+///   before it asks the driver to prepare it, and unprepares the claims of pods that are gone.
+/// - With the kubelet's claim checkpoint (`dra_manager_state`) lost while it was down, as on a
+///   node whose kubelet directory was wiped, nothing in the kubelet remembers the claim: only
+///   migdra's stale-claim check (every `--resync`, 5 s here) can release the instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::print_stdout)] // the test's report
+async fn a_claim_left_mid_prepare_on_a_real_node() {
+    let _serial = SERIAL.lock().await;
+    let steps = Steps(Instant::now());
+    let Cluster { cp, mut node, ops } = bring_up(&steps, &[("MIGDRA_RESYNC", "5s")]).await;
+    ops.kubectl(&["create", "namespace", LEFT_NS]);
+    ops.kubectl(&["apply", "-n", LEFT_NS, "-f", "daemonset/examples/claim-templates.yaml"]);
+    let held = |node: &KubeNode| {
+        let (instances, specs, metadata) = prepared(node);
+        (instances.len(), specs.len(), metadata.len(), checkpoint(node).len())
+    };
+    for (pod, kubelet_state_lost) in [("left-1", false), ("left-2", true)] {
+        sim_fail(&node, "create-ci=delay:5m:1");
+        ops.apply(LEFT_NS, &claim_pod(pod, "mig-1g-10gb"));
+        let uid = eventually(format!("{pod}'s claim PrepareStarted with its GPU instance made"))
+            .within(Duration::from_secs(60))
+            .explain(|| ops.explain(LEFT_NS, pod))
+            .until(|| {
+                let cp = checkpoint(&node);
+                match cp.as_slice() {
+                    [(uid, state)] if state == "PrepareStarted" && instances(&node).len() == 1 => Ok(uid.clone()),
+                    _ => Err(format!("checkpoint {cp:?}, instances {:?}", instances(&node))),
+                }
+            })
+            .await;
+        if kubelet_state_lost {
+            node.stop_kubelet();
+        }
+        assert!(kill_migdra(&node), "no migdra container to kill");
+        ops.kubectl(&["delete", "pod", "-n", LEFT_NS, pod, "--force", "--grace-period=0"]);
+        if kubelet_state_lost {
+            let state = node.root_dir().join("dra_manager_state");
+            std::fs::remove_file(&state).unwrap_or_else(|e| panic!("{}: {e}", state.display()));
+            node.start_kubelet();
+        }
+        let t = Instant::now();
+        eventually(format!("{pod}'s instance released, nothing held"))
+            .within(Duration::from_secs(120))
+            .every(Duration::from_millis(500))
+            .explain(|| format!("{:?}, checkpoint {:?}\n{}", prepared(&node), checkpoint(&node), node.log("kubelet")))
+            .until(|| held(&node) == (0, 0, 0, 0))
+            .await;
+        let by_migdra = migdra_log(&node)
+            .lines()
+            .any(|l| l.contains("claim left mid-prepare is no longer allocated") && l.contains(&uid));
+        steps.say(&format!(
+            "{pod}: killed mid-prepare, pod deleted{}; released {:.1} s later by {}",
+            if kubelet_state_lost { ", the kubelet's claim checkpoint lost" } else { "" },
+            t.elapsed().as_secs_f64(),
+            if by_migdra { "migdra's stale-claim check" } else { "the kubelet's unprepare" },
+        ));
+        if kubelet_state_lost {
+            assert!(by_migdra, "released, but not by the stale-claim check: {}", migdra_log(&node));
+        }
+        ops.rollout();
+    }
+    drop(node);
+    drop(cp);
+    let left = kubenode::leftovers();
+    assert!(left.is_empty(), "the node left behind: {left:?}");
 }

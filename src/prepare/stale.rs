@@ -1,7 +1,8 @@
 //! Stale claims: a prepare that never finished (migdra killed part-way) leaves its claim
 //! `PrepareStarted` with the instances made so far, and only the kubelet's retry or unprepare
-//! ends it. When the pod is deleted before that retry, neither comes, and the instances would be
-//! held for ever. The daemon asks the claim source about every such claim now and then and rolls
+//! ends it. The kubelet remembers the claims it asked for in its own checkpoint; when that was
+//! lost and the pod is deleted before the retry, neither comes, and the instances would be held
+//! for ever. The daemon asks the claim source about every such claim now and then and rolls
 //! back those it no longer allocates to this node. A claim the source still allocates here, or
 //! one it cannot answer for, is never touched.
 

@@ -449,9 +449,14 @@ state = "/run/migdra-node/containerd"
         }
     }
 
+    /// Kill the kubelet (SIGKILL, as a crash); containerd and the containers go on.
+    pub fn stop_kubelet(&mut self) {
+        stop(self.kubelet.take());
+    }
+
     /// Kill the kubelet (SIGKILL, as a crash) and start it again.
     pub fn restart_kubelet(&mut self) {
-        stop(self.kubelet.take());
+        self.stop_kubelet();
         self.start_kubelet();
     }
 
