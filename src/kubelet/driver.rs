@@ -77,8 +77,13 @@ impl Driver {
         &self.engine
     }
 
+    /// A call with claims is served whether or not the kubelet has confirmed the registration:
+    /// the kubelet adds a plugin to its DRA manager before it calls NotifyRegistrationStatus, and
+    /// sends calls to the newest plugin of a driver at once, so a prepare can come first (a pod
+    /// created during a rolling update can hit that gap). The kubelet never sends an empty call: that is the
+    /// readiness probe's question, answered Unavailable until the confirmation came.
     fn check(&self, n: usize) -> Result<(), Status> {
-        if !self.state.is_registered() {
+        if n == 0 && !self.state.is_registered() {
             return Err(Status::unavailable("migdra is not registered with the kubelet yet; retry"));
         }
         if n > MAX_CLAIMS_PER_CALL {
@@ -92,7 +97,7 @@ impl Driver {
     /// Prepare every claim; one entry per distinct UID.
     ///
     /// # Errors
-    /// A gRPC status for the whole call: not registered yet, or too many claims.
+    /// A gRPC status for the whole call: an empty call before registration, or too many claims.
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Result<ClaimResults<Vec<PreparedDevice>>, Status> {
         self.check(claims.len())?;
         let (engine, source) = (self.engine.clone(), self.claims.clone());

@@ -347,11 +347,11 @@ async fn one_entry_per_claim_and_bad_claims_fail_alone() {
     assert_eq!(node.instances(), []);
 }
 
-/// Calls that reach the DRA socket before the kubelet confirmed the registration are refused
-/// with Unavailable (the kubelet retries) and create nothing; after registration the same
-/// connection works.
+/// The real kubelet adds a plugin to its DRA manager before it confirms the registration
+/// (NotifyRegistrationStatus), so a prepare can arrive first: it is served. An empty call, which
+/// the kubelet never sends and the readiness probe does, says Unavailable until the confirmation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_before_registration_are_unavailable() {
+async fn calls_before_the_registration_is_confirmed_are_served() {
     let node = sim_node();
     let m = node.minors();
     let c = uid(1);
@@ -361,17 +361,20 @@ async fn calls_before_registration_are_unavailable() {
 
     let early = TestKubelet::unregistered(&daemon.dra).await.unwrap();
     for version in [Version::V1, Version::V1beta1] {
-        let err = early.prepare(version, &[claim_ref(&c)]).await.expect_err("prepare before registration");
-        assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
-        let err = early.unprepare(version, &[claim_ref(&c)]).await.expect_err("unprepare before registration");
+        let err = early.prepare(version, &[]).await.expect_err("an empty call before registration");
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
     }
+    let r = early.prepare(Version::V1beta1, &[claim_ref(&c)]).await.unwrap();
+    assert_device(&ok_devices(&r, &c), &c, &dev);
+    assert_eq!(node.placements(), [(m[1], 14, 2, 1)]);
+    let r = early.unprepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
+    assert_eq!(r, BTreeMap::from([(c.clone(), String::new())]));
     assert_eq!(node.instances(), []);
 
     let _kubelet = daemon.register().await;
+    early.prepare(Version::V1, &[]).await.expect("an empty call once registered");
     let r = early.prepare(Version::V1, &[claim_ref(&c)]).await.unwrap();
     assert_device(&ok_devices(&r, &c), &c, &dev);
-    assert_eq!(node.placements(), [(m[1], 14, 2, 1)]);
 }
 
 /// The health stream: the first message lists every device the node publishes as healthy; a
