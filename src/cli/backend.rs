@@ -36,6 +36,7 @@ fn open_with_events(global: &Global, events: bool) -> Result<Box<dyn GpuBackend>
     if !simulated(global) {
         let opts = NvmlOptions {
             lib_path: global.nvml_lib.clone(),
+            driver_root: global.driver_root.clone(),
             procfs: Procfs::new(&global.procfs_root),
             watch_events: events,
         };

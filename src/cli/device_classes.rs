@@ -13,7 +13,7 @@ use std::io::Write;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// GPU model (e.g. h100-80gb); without it, the models of --sim, of the GPUs behind --sim-state
-    /// or --nvml-lib (a live node), or every model
+    /// or --nvml-lib or --driver-root (a live node), or every model
     #[arg(long, env = "MIGDRA_MODEL")]
     pub model: Option<String>,
     /// Only these profiles, comma-separated (e.g. 1g.10gb,3g.40gb) [default: every profile of the models]

@@ -45,9 +45,16 @@ pub struct Global {
     /// File holding the simulated hardware, shared by every process that names it
     #[arg(long, global = true, env = "MIGDRA_SIM_STATE", value_name = "FILE")]
     pub sim_state: Option<std::path::PathBuf>,
-    /// NVML library to load when not simulating [default: libnvidia-ml.so.1 on the loader path]
+    /// NVML library to load when not simulating; wins over --driver-root [default: found under
+    /// --driver-root, else libnvidia-ml.so.1 on the loader path]
     #[arg(long, global = true, env = "MIGDRA_NVML_LIB", value_name = "PATH")]
     pub nvml_lib: Option<std::path::PathBuf>,
+    /// The host's NVIDIA driver files as migdra sees them (the DaemonSet's /driver-root): without
+    /// --nvml-lib, libnvidia-ml.so.1 is loaded from the first of DIR/usr/lib/<arch>-linux-gnu,
+    /// its nvidia/current, DIR/usr/lib64 and DIR/usr/lib that has it, for the architecture migdra
+    /// runs on, so one setting serves x86-64 and Arm nodes
+    #[arg(long, global = true, env = "MIGDRA_DRIVER_ROOT", value_name = "DIR")]
+    pub driver_root: Option<std::path::PathBuf>,
     /// Where the NVIDIA driver's procfs files are read (capability minors, /proc/devices, boot ID)
     #[arg(long, global = true, env = "MIGDRA_PROCFS_ROOT", value_name = "DIR", default_value = "/proc")]
     pub procfs_root: std::path::PathBuf,

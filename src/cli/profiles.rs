@@ -8,7 +8,7 @@ use std::io::Write;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// GPU model (e.g. h100-80gb); without it, the models of --sim, of the GPUs behind --sim-state
-    /// or --nvml-lib (a live node), or every model
+    /// or --nvml-lib or --driver-root (a live node), or every model
     #[arg(long, env = "MIGDRA_MODEL")]
     pub model: Option<String>,
 }
@@ -70,9 +70,10 @@ pub(super) fn models(model: Option<&str>, global: &Global) -> Result<Vec<GpuMode
         })?;
         return Ok(vec![m.clone()]);
     }
-    // A live node (--nvml-lib, as the DaemonSet sets it) or a simulator state file: its own GPUs'
-    // models, as NVML describes them.
-    if global.sim.is_none() && (global.sim_state.is_some() || global.nvml_lib.is_some()) {
+    // A live node (--nvml-lib or --driver-root, as the DaemonSet sets one) or a simulator state
+    // file: its own GPUs' models, as NVML describes them.
+    let live = global.nvml_lib.is_some() || global.driver_root.is_some();
+    if global.sim.is_none() && (global.sim_state.is_some() || live) {
         let backend = super::backend::open(global)?;
         let mut models: Vec<GpuModel> = Vec::new();
         for gpu in backend.gpus()? {

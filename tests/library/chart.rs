@@ -12,6 +12,8 @@
 //!   the Slurm index map exist once.
 //! - The values: the schema's choices are the CLI's, every value is in daemonset/README.md's
 //!   table with its default, and setting them renders what `migdra serve` reads.
+//! - One release serves a mixed fleet: the libnvidia-ml each architecture's pod would load, on
+//!   fake driver roots laid out like the hosts.
 //!
 //! The typed round trip, CEL and RBAC checks of tests/library/manifests.rs also run on the chart's
 //! renders; tests/controlplane.rs applies the chart's render to a real API server.
@@ -401,6 +403,7 @@ fn values_render_what_migdra_reads() {
         ("MIGDRA_METRICS_ADDR", "0.0.0.0:9400"),
         ("MIGDRA_METRICS_ALLOW_REMOTE", "true"),
         ("MIGDRA_NVML_LIB", "/driver-root/usr/lib64/libnvidia-ml.so.1"),
+        ("MIGDRA_DRIVER_ROOT", "/driver-root"),
         ("MIGDRA_ORPHANS", "report"),
         ("MIGDRA_PLUGIN_DIR", "/var/lib/k0s/kubelet/plugins/mig.slinky.slurm.net"),
         ("MIGDRA_REGISTRY_DIR", "/var/lib/k0s/kubelet/plugins_registry"),
@@ -449,4 +452,93 @@ fn values_render_what_migdra_reads() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("/migMode") && err.contains("'static'"), "{err}");
+}
+
+/// The migdra container's environment in a render (name → value, plain values only), and the
+/// path its `driver-root` volume is mounted at.
+fn container_env(text: &str) -> (BTreeMap<String, String>, String) {
+    let docs = render::documents("helm template", text);
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").expect("a DaemonSet");
+    let c = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "migdra")
+        .expect("a migdra container");
+    let env = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .collect();
+    let mount =
+        c["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "driver-root").expect("a driver-root mount");
+    (env, mount["mountPath"].as_str().unwrap().to_string())
+}
+
+/// One release for a mixed fleet. With `driver.nvmlLib` empty (the default) the chart names only
+/// the driver root, and each pod loads the libnvidia-ml.so.1 of its own architecture from it: on
+/// fake driver roots laid out like an x86-64 Debian host, a Grace (aarch64) Ubuntu host and a
+/// RHEL-like host (each also holding a stale copy in usr/lib, which must lose), `migdra`'s own
+/// lookup picks the right file for `x86_64` and `aarch64`. With `driver.nvmlLib` set, that file
+/// is what every node loads, whatever its architecture or layout.
+#[test]
+fn each_architecture_loads_its_own_nvml() {
+    use migdra::gpu::nvml::locate::{Choice, choose};
+    use std::path::{Path, PathBuf};
+    let Some(helm) = HELM.find() else { return };
+
+    let hosts = tempfile::tempdir().unwrap();
+    let lib = "libnvidia-ml.so.1";
+    for (host, dir) in [
+        ("debian-x86", "usr/lib/x86_64-linux-gnu"),
+        ("grace-arm", "usr/lib/aarch64-linux-gnu"),
+        ("rhel", "usr/lib64"),
+        ("debian-x86", "usr/lib"),
+        ("grace-arm", "usr/lib"),
+        ("rhel", "usr/lib"),
+    ] {
+        let d = hosts.path().join(host).join(dir);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(lib), format!("{host}/{dir}")).unwrap();
+    }
+    // A container path under the driver root's mount, as it is on `host`'s fake root.
+    let on_host = |mount: &str, host: &str, path: &str| -> PathBuf {
+        let rel = path.strip_prefix(mount).unwrap_or_else(|| panic!("{path} is not under the mount {mount}"));
+        hosts.path().join(host).join(rel.trim_start_matches('/'))
+    };
+    // What a pod of `arch` on `host` would load with this environment, as a container path.
+    let loads = |env: &BTreeMap<String, String>, mount: &str, host: &str, arch: &str| -> String {
+        let root = env.get("MIGDRA_DRIVER_ROOT").map(|r| on_host(mount, host, r));
+        let explicit = env.get("MIGDRA_NVML_LIB").map(|l| on_host(mount, host, l));
+        let chosen = match choose(explicit.as_deref(), root.as_deref(), arch, Path::exists) {
+            Choice::Explicit(p) | Choice::Found(p) => p,
+            other => panic!("{arch} on {host}: nothing under the driver root ({other:?})"),
+        };
+        let rel = chosen.strip_prefix(hosts.path().join(host)).unwrap();
+        format!("{mount}/{}", rel.display())
+    };
+
+    let (env, mount) = container_env(&render::helm_template(&helm, &[]));
+    assert_eq!(env.get("MIGDRA_DRIVER_ROOT"), Some(&mount), "the driver root is its mount: {env:?}");
+    assert!(!env.contains_key("MIGDRA_NVML_LIB"), "the default names no library: {env:?}");
+    for (host, arch, want) in [
+        ("debian-x86", "x86_64", "usr/lib/x86_64-linux-gnu"),
+        ("grace-arm", "aarch64", "usr/lib/aarch64-linux-gnu"),
+        ("rhel", "x86_64", "usr/lib64"),
+        ("rhel", "aarch64", "usr/lib64"),
+    ] {
+        let got = loads(&env, &mount, host, arch);
+        assert_eq!(got, format!("{mount}/{want}/{lib}"), "{arch} pod on {host}");
+        println!("default values, {arch} pod on {host}: {got}");
+    }
+
+    let set = "usr/lib64/libnvidia-ml.so.1";
+    let (env, mount) = container_env(&render::helm_template(&helm, &["--set", &format!("driver.nvmlLib={set}")]));
+    assert_eq!(env.get("MIGDRA_NVML_LIB"), Some(&format!("{mount}/{set}")), "{env:?}");
+    for (host, arch) in [("debian-x86", "x86_64"), ("grace-arm", "aarch64"), ("rhel", "aarch64")] {
+        let got = loads(&env, &mount, host, arch);
+        assert_eq!(got, format!("{mount}/{set}"), "driver.nvmlLib wins for the {arch} pod on {host}");
+    }
+    println!("driver.nvmlLib={set}: every pod loads {mount}/{set}");
 }

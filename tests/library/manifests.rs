@@ -991,8 +991,14 @@ fn daemonset_runs_migdra_as_the_code_expects() {
         assert_eq!(host_path_at(dir), Some(dir), "{dir}");
     }
     assert!(host_path_at("/driver-root").is_some());
-    let nvml_lib = env.get("MIGDRA_NVML_LIB").and_then(|e| e.value.as_deref()).expect("MIGDRA_NVML_LIB is set");
-    assert!(nvml_lib.starts_with("/driver-root/"), "{nvml_lib} is not under the driver root's mount");
+    // libnvidia-ml is looked up under the driver root's mount, for the node's architecture
+    // (tests/library/chart.rs `each_architecture_loads_its_own_nvml`); a MIGDRA_NVML_LIB an
+    // overlay adds must be under it too.
+    let value = |name: &str| env.get(name).and_then(|e| e.value.as_deref());
+    assert_eq!(value("MIGDRA_DRIVER_ROOT"), Some("/driver-root"), "MIGDRA_DRIVER_ROOT is the driver root's mount");
+    if let Some(nvml_lib) = value("MIGDRA_NVML_LIB") {
+        assert!(nvml_lib.starts_with("/driver-root/"), "{nvml_lib} is not under the driver root's mount");
+    }
 
     // Probes ask the daemon through `migdra probe` (tests/process/probe.rs), which finds this pod's
     // sockets from the same environment as serve; the image puts the binary at that path, and

@@ -13,6 +13,7 @@ pub const SCRUBBED: &[&str] = &[
     "MIGDRA_SIM",
     "MIGDRA_SIM_STATE",
     "MIGDRA_NVML_LIB",
+    "MIGDRA_DRIVER_ROOT",
     "MIGDRA_PROCFS_ROOT",
     "MIGDRA_HOST_ROOT",
     "MIGDRA_OUTPUT",

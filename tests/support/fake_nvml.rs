@@ -103,7 +103,12 @@ impl FakeNode {
     }
 
     pub fn options(&self, watch_events: bool) -> NvmlOptions {
-        NvmlOptions { lib_path: Some(self.lib.clone()), procfs: Procfs::new(&self.procfs), watch_events }
+        NvmlOptions {
+            lib_path: Some(self.lib.clone()),
+            driver_root: None,
+            procfs: Procfs::new(&self.procfs),
+            watch_events,
+        }
     }
 
     /// The NVML backend on this node.

@@ -3,9 +3,10 @@
 //! nvml-wrapper does discovery (index, minor, UUID, PCI, name, memory, MIG mode, versions,
 //! compute capability); [`ffi`], the crate's only unsafe module, makes the MIG calls it lacks
 //! through the same loaded library; [`discovery`] builds each GPU's model; [`events`] turns XID
-//! events into health; procfs supplies capability minors and the boot ID. The library path is
-//! configurable, which is how CI runs this exact code against `hack/fake-nvml`, a
-//! libnvidia-ml built from the simulator.
+//! events into health; procfs supplies capability minors and the boot ID; [`locate`] picks the
+//! library: `--nvml-lib`, else the usual place under `--driver-root` for the architecture migdra
+//! runs on, else the loader path. The library path is configurable, which is how CI runs this
+//! exact code against `hack/fake-nvml`, a libnvidia-ml built from the simulator.
 //!
 //! migdra never changes MIG mode: this backend has no call that could.
 
@@ -13,6 +14,7 @@ mod codes;
 pub mod discovery;
 mod events;
 mod ffi;
+pub mod locate;
 
 pub use codes::code_of;
 
@@ -41,8 +43,12 @@ const LIST_CAPACITY: usize = 32;
 /// How to open NVML.
 #[derive(Debug, Clone, Default)]
 pub struct NvmlOptions {
-    /// libnvidia-ml to load; [`DEFAULT_LIB`] when `None`.
+    /// libnvidia-ml to load (`--nvml-lib`); when `None`, looked up under `driver_root`.
     pub lib_path: Option<PathBuf>,
+    /// Where the host's driver files are (`--driver-root`), searched for libnvidia-ml when
+    /// `lib_path` is `None`; [`DEFAULT_LIB`] on the loader path when neither is set or nothing
+    /// is found there.
+    pub driver_root: Option<PathBuf>,
     /// Where capability minors and the boot ID are read.
     pub procfs: Procfs,
     /// Watch XID events (the daemon does; one-shot commands need not).
@@ -83,8 +89,16 @@ impl NvmlBackend {
     /// driver is too old for MIG or a GPU with MIG on reports no profiles
     /// ([`GpuError::Unsupported`]), or a discovery call fails.
     pub fn open(opts: &NvmlOptions) -> Result<Self> {
-        let lib = opts.lib_path.as_ref().map_or_else(|| DEFAULT_LIB.to_string(), |p| p.display().to_string());
-        let nvml = Nvml::builder().lib_path(std::ffi::OsStr::new(&lib)).init().map_err(|e| load_error(&lib, e))?;
+        let choice = locate::choose(
+            opts.lib_path.as_deref(),
+            opts.driver_root.as_deref(),
+            std::env::consts::ARCH,
+            std::path::Path::exists,
+        );
+        let lib = choice.path().display().to_string();
+        let nvml =
+            Nvml::builder().lib_path(std::ffi::OsStr::new(&lib)).init().map_err(|e| load_error(&lib, &choice, e))?;
+        tracing::info!(lib = %lib, from = choice.source(), "NVML loaded");
         let missing = ffi::missing_mig_symbols(&nvml);
         if !missing.is_empty() {
             return Err(GpuError::Unsupported(format!(
@@ -178,9 +192,10 @@ impl NvmlBackend {
     }
 }
 
-/// A one-line reason the library could not be used.
-fn load_error(lib: &str, e: NvmlError) -> GpuError {
-    let reason = match e {
+/// A one-line reason the library could not be used, naming the driver root's candidates when
+/// none existed and the loader path was tried instead.
+fn load_error(lib: &str, choice: &locate::Choice, e: NvmlError) -> GpuError {
+    let mut reason = match e {
         NvmlError::LibloadingError(e) => {
             format!("{e}; is the NVIDIA driver installed? Point --nvml-lib (MIGDRA_NVML_LIB) at its libnvidia-ml.so.1")
         }
@@ -189,6 +204,12 @@ fn load_error(lib: &str, e: NvmlError) -> GpuError {
         NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".to_string(),
         e => format!("nvmlInit_v2 returned {}", code_of(&e)),
     };
+    if let locate::Choice::LoaderPath { tried } = choice
+        && !tried.is_empty()
+    {
+        let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+        reason.push_str(&format!(" (none under --driver-root: tried {})", tried.join(", ")));
+    }
     GpuError::Load { path: lib.to_string(), reason: reason.replace('\n', " ") }
 }
 
@@ -400,6 +421,21 @@ mod tests {
         assert!(matches!(e, GpuError::Load { .. }), "{e:?}");
         assert!(msg.starts_with("failed to load NVML from /nonexistent/libnvidia-ml.so.1: "), "{msg}");
         assert!(msg.contains("--nvml-lib") && !msg.contains('\n'), "{msg}");
+    }
+
+    #[test]
+    fn a_driver_root_without_the_library_names_every_path_tried() {
+        let root = tempfile::tempdir().unwrap();
+        let opts = NvmlOptions { driver_root: Some(root.path().into()), ..Default::default() };
+        let e = NvmlBackend::open(&opts).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, GpuError::Load { .. }), "{e:?}");
+        // Fell back to the loader path (this machine has no NVIDIA driver), and says where it looked.
+        assert!(msg.starts_with(&format!("failed to load NVML from {DEFAULT_LIB}: ")), "{msg}");
+        for tried in locate::candidates(root.path(), std::env::consts::ARCH) {
+            assert!(msg.contains(&tried.display().to_string()), "{} not named: {msg}", tried.display());
+        }
+        assert!(msg.contains("--driver-root") && msg.contains("--nvml-lib") && !msg.contains('\n'), "{msg}");
     }
 
     #[test]
