@@ -1,38 +1,54 @@
 #!/usr/bin/env bash
-# Builds migdra's image without a Docker daemon, as daemonset/image/Dockerfile describes it, and
-# checks it:
+# Builds migdra's image for amd64 and arm64 without a Docker daemon, as daemonset/image/Dockerfile
+# describes it, and checks each:
 #   1. the Dockerfile's build stage: its COPY lines are copied, alone, into a fresh directory and
-#      `cargo build --locked --release --bin migdra` runs there; a missing path fails here, as it
-#      would fail `docker build`. The target directory is shared, so dependencies built before
-#      are reused and this is CI's only release build (hack/check-release.sh checks its binary);
-#   2. the base: hack/image-rootfs.sh, the same script the Dockerfile runs;
-#   3. buildah (Debian's; vfs storage and chroot isolation, under target/image) assembles the
-#      image from scratch with the Dockerfile's ENTRYPOINT and CMD, and writes an OCI archive;
-#   4. a container from that archive runs `migdra --version` and `migdra demo --fast`, so no
-#      library is missing; the image's size is printed beside the 40 MB goal.
+#      its RUN (hack/release-build.sh) runs there once per architecture, arm64 cross-compiled; a
+#      missing path fails here, as it would fail `docker build`. The target directory is shared,
+#      so what was built before is reused; these are CI's only release builds
+#      (hack/check-release.sh checks their binaries);
+#   2. each base: hack/image-rootfs.sh, the same script the Dockerfile runs, per architecture;
+#   3. buildah (Debian's; vfs storage and chroot isolation, under target/image) assembles each
+#      image from scratch with the Dockerfile's ENTRYPOINT and CMD; the amd64 image is written
+#      as an OCI archive (what tests/node.rs imports);
+#   4. a container of each runs `migdra --version` and `migdra demo --fast` (which starts
+#      `migdra serve` as its child), so no library is missing; arm64 runs under qemu-user
+#      (Debian's qemu-user-static, registered with binfmt_misc here when it is not: that
+#      registration is the kernel's, for the whole machine). Each size is printed beside the
+#      40 MB goal;
+#   5. once both images are in the storage (from this run or an earlier one), the OCI image index
+#      of the two is written, and each architecture taken from it is checked to be that one.
 #
-# Usage: hack/build-image.sh      (as root; installs buildah with apt-get when missing)
-# Prints: the archive's path on its last line.
-# Environment: CARGO_TARGET_DIR (default target/).
+# Usage: hack/build-image.sh [ARCH...]   ARCH: amd64, arm64 (default: both). As root; installs
+#        buildah, the cross compiler and qemu-user with apt-get when missing. Two runs must not
+#        overlap (one image storage).
+# Prints: the index's path when written, then the amd64 archive's path, when built, last.
+# Environment: CARGO_TARGET_DIR (default target/); MIGDRA_IMAGE_DIR (default
+#        $CARGO_TARGET_DIR/image): the image storage, the archives and each architecture's files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$PWD
 me=build-image
 die() { echo "$me: $*" >&2; exit 1; }
 log() { echo "$me: $*" >&2; }
 
 dockerfile=daemonset/image/Dockerfile
-build_cmd="cargo build --locked --release --bin migdra"
+build_cmd='bash hack/release-build.sh "$TARGETARCH" /out/migdra'
 goal_bytes=$((40 * 1000 * 1000))
+all=(amd64 arm64)
+arches=("${@:-${all[@]}}")
+for arch in "${arches[@]}"; do
+	[[ " ${all[*]} " == *" $arch "* ]] || die "architecture '$arch' is not built; use ${all[*]}"
+done
+native=$(dpkg --print-architecture)
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
-out=$target/image
+out=$(realpath -m "${MIGDRA_IMAGE_DIR:-$target/image}")
 version=$(awk -F'"' '/^version = / { print $2; exit }' Cargo.toml)
 name=migdra:$version
 archive=$out/migdra-$version.oci.tar
+index=$out/migdra-$version.index.oci.tar
 
 # The build stage: the lines between the first FROM and the next.
 stage=$(awk '/^FROM / { n++ } n == 1' "$dockerfile")
-grep -q "^RUN $build_cmd" <<<"$stage" || die "$dockerfile's build stage does not RUN '$build_cmd'"
+grep -qxF "RUN $build_cmd" <<<"$stage" || die "$dockerfile's build stage does not RUN '$build_cmd'"
 
 # 1. Only what the build stage copies, laid out as COPY lays it out.
 context=$out/context
@@ -57,25 +73,26 @@ while read -r _ args; do
 	done
 done < <(grep '^COPY ' <<<"$stage")
 log "the build stage copies: ${copied[*]}"
-start=$SECONDS
-if ! (cd "$context" && CARGO_TARGET_DIR=$target $build_cmd); then
-	die "'$build_cmd' fails with only the files $dockerfile copies (${copied[*]}): add what is missing to its COPY lines"
-fi
-log "release build from the Dockerfile's files: $((SECONDS - start))s"
-bin=$target/release/migdra
-stripped=$out/migdra
-strip --strip-debug -o "$stripped" "$bin"
-log "binary: $(stat -c %s "$bin") bytes, $(stat -c %s "$stripped") without debug info"
+for arch in "${arches[@]}"; do
+	start=$SECONDS
+	if ! (cd "$context" && CARGO_TARGET_DIR=$target bash hack/release-build.sh "$arch" "$out/$arch/migdra"); then
+		die "'$build_cmd' for $arch fails with only the files $dockerfile copies (${copied[*]}): add what is missing to its COPY lines"
+	fi
+	log "$arch release build from the Dockerfile's files: $((SECONDS - start))s"
+done
 
-# 2. The base.
-rootfs=$out/rootfs
-rm -rf "$rootfs"
-if ! bash hack/image-rootfs.sh "$rootfs" 2>/dev/null; then
-	apt-get update -qq
-	bash hack/image-rootfs.sh "$rootfs"
-fi
+# 2. The bases.
+for arch in "${arches[@]}"; do
+	rootfs=$out/$arch/rootfs
+	rm -rf "$rootfs"
+	if ! bash hack/image-rootfs.sh "$rootfs" "$arch" 2>/dev/null; then
+		rm -rf "$rootfs"
+		apt-get update -qq
+		bash hack/image-rootfs.sh "$rootfs" "$arch"
+	fi
+done
 
-# 3. The image.
+# 3. The images, and the amd64 archive.
 if ! command -v buildah >/dev/null; then
 	log "installing Debian's buildah"
 	apt-get install -y -qq buildah >/dev/null
@@ -89,39 +106,95 @@ env=$(field ENV)
 [[ $entrypoint == '['* && $cmd == '['* ]] || die "$dockerfile: the last stage needs ENTRYPOINT and CMD in JSON form"
 [[ $env =~ ^PATH=[^[:space:]]+$ ]] || die "$dockerfile: the last stage needs one 'ENV PATH=...' line"
 buildah rm --all >/dev/null 2>&1 || true
-buildah rmi --all --force >/dev/null 2>&1 || true
-ctr=$(buildah from scratch)
-buildah copy "$ctr" "$rootfs" / >/dev/null
-buildah copy --chmod 0755 "$ctr" "$stripped" /usr/bin/migdra >/dev/null
-buildah config --entrypoint "$entrypoint" --cmd "$cmd" --env "$env" \
-	--label org.opencontainers.image.title=migdra --label "org.opencontainers.image.version=$version" "$ctr"
-buildah commit --quiet --format oci "$ctr" "$name" >/dev/null
-buildah rm "$ctr" >/dev/null
-rm -f "$archive"
-# The archive names the image fully, as the chart's `migdra:TAG` normalizes to: a container
-# runtime that imports it (`ctr -n k8s.io images import`) then finds it without a registry.
-buildah push --quiet "$name" "oci-archive:$archive:docker.io/library/$name"
+# What the checks below pulled from the archives last time, by the archives' name.
+buildah rmi --force "docker.io/library/$name" >/dev/null 2>&1 || true
+buildah rmi --prune >/dev/null 2>&1 || true
+for arch in "${arches[@]}"; do
+	buildah rmi --force "$name-$arch" >/dev/null 2>&1 || true
+	ctr=$(buildah from --arch "$arch" scratch)
+	buildah copy "$ctr" "$out/$arch/rootfs" / >/dev/null
+	buildah copy --chmod 0755 "$ctr" "$out/$arch/migdra" /usr/bin/migdra >/dev/null
+	buildah config --os linux --arch "$arch" --entrypoint "$entrypoint" --cmd "$cmd" --env "$env" \
+		--label org.opencontainers.image.title=migdra --label "org.opencontainers.image.version=$version" "$ctr"
+	buildah commit --quiet --format oci "$ctr" "$name-$arch" >/dev/null
+	buildah rm "$ctr" >/dev/null
+done
+# The archives name the image fully, as the chart's `migdra:TAG` normalizes to: a container
+# runtime that imports one (`ctr -n k8s.io images import`) then finds it without a registry.
+if [[ " ${arches[*]} " == *" amd64 "* ]]; then
+	rm -f "$archive"
+	buildah push --quiet "$name-amd64" "oci-archive:$archive:docker.io/library/$name"
+fi
 
-# 4. What the image holds, run from the archive.
-ctr=$(buildah from --quiet "oci-archive:$archive")
+# 4. What each image holds, run in a container: amd64's from its archive.
+# Another architecture's binaries run under qemu-user through binfmt_misc.
+emulate() {
+	local qarch=$1
+	[[ -e /proc/sys/fs/binfmt_misc/status ]] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc ||
+		die "cannot mount binfmt_misc: $qarch binaries cannot run here"
+	[[ -e /proc/sys/fs/binfmt_misc/qemu-$qarch ]] && return
+	if [[ ! -e /usr/lib/binfmt.d/qemu-$qarch.conf ]]; then
+		log "installing Debian's qemu-user-static"
+		apt-get install -y -qq qemu-user-static >/dev/null 2>&1 ||
+			{ apt-get update -qq && apt-get install -y -qq qemu-user-static >/dev/null; }
+	fi
+	log "registering qemu-$qarch with binfmt_misc (for the whole machine)"
+	cat "/usr/lib/binfmt.d/qemu-$qarch.conf" >/proc/sys/fs/binfmt_misc/register
+}
+ctr=""
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
 # Bounded, so that a hang inside the image fails CI instead of stalling it.
-run() { timeout 300 "$(command -v buildah)" "${storage[@]}" run --isolation chroot "$ctr" -- "$@"; }
-# By name, as an operator's `kubectl exec POD -- migdra ...` runs it.
-got=$(run migdra --version) || die "'migdra --version' fails inside the image"
-# The first line is the version; the second names the releases it was tested with.
-[[ ${got%%$'\n'*} == "migdra $version" ]] || die "'migdra --version' inside the image says '$got', expected 'migdra $version' first"
-log "inside the image: $got"
-demo_log=$out/demo.log
-if ! run migdra demo --fast >"$demo_log" 2>&1; then
-	tail -n 20 "$demo_log" >&2
-	die "'migdra demo --fast' fails inside the image (log: $demo_log)"
-fi
-log "inside the image: migdra demo --fast passed ($(wc -l <"$demo_log") lines, $demo_log)"
-log "config: $(buildah inspect --type image --format 'entrypoint {{.OCIv1.Config.Entrypoint}}, cmd {{.OCIv1.Config.Cmd}}, env {{.OCIv1.Config.Env}}' "$name")"
+run() { timeout 600 "$(command -v buildah)" "${storage[@]}" run --isolation chroot "$ctr" -- "$@"; }
+for arch in "${arches[@]}"; do
+	case $arch in arm64) qarch=aarch64 ;; *) qarch=x86_64 ;; esac
+	[[ $arch == "$native" ]] || emulate "$qarch"
+	buildah rm "$ctr" >/dev/null 2>&1 || true
+	if [[ $arch == amd64 ]]; then from=oci-archive:$archive; else from=$name-$arch; fi
+	ctr=$(buildah from --quiet --arch "$arch" "$from")
+	got=$(buildah inspect --format '{{.OCIv1.Architecture}}' "$ctr")
+	[[ $got == "$arch" ]] || die "$from is a $got image, not $arch"
+	# By name, as an operator's `kubectl exec POD -- migdra ...` runs it.
+	got=$(run migdra --version) || die "'migdra --version' fails inside the $arch image"
+	# The first line is the version; the second names the releases it was tested with.
+	[[ ${got%%$'\n'*} == "migdra $version" ]] || die "'migdra --version' inside the $arch image says '$got', expected 'migdra $version' first"
+	log "inside the $arch image: ${got%%$'\n'*}"
+	demo_log=$out/$arch/demo.log
+	start=$SECONDS
+	if ! run migdra demo --fast >"$demo_log" 2>&1; then
+		tail -n 20 "$demo_log" >&2
+		die "'migdra demo --fast' fails inside the $arch image (log: $demo_log)"
+	fi
+	log "inside the $arch image$([[ $arch == "$native" ]] || echo " (qemu-$qarch)"): migdra demo --fast passed in $((SECONDS - start))s ($(wc -l <"$demo_log") lines, $demo_log)"
+	log "$arch config: $(buildah inspect --type image --format 'entrypoint {{.OCIv1.Config.Entrypoint}}, cmd {{.OCIv1.Config.Cmd}}, env {{.OCIv1.Config.Env}}' "$name-$arch")"
+	# What the one layer holds: the base and the binary (the container may have written /tmp).
+	size=$(($(du -sb "$out/$arch/rootfs" | cut -f1) + $(stat -c %s "$out/$arch/migdra")))
+	log "$arch image size: $size bytes uncompressed (goal <= $goal_bytes)"
+	((size <= goal_bytes)) || die "the $arch image is $size bytes uncompressed, over the $goal_bytes goal"
+done
 
-# What the one layer holds: the base and the binary (the container above may have written /tmp).
-size=$(($(du -sb "$rootfs" | cut -f1) + $(stat -c %s "$stripped")))
-log "image size: $size bytes uncompressed (goal <= $goal_bytes), archive $(stat -c %s "$archive") bytes"
-((size <= goal_bytes)) || die "the image is $size bytes uncompressed, over the $goal_bytes goal"
-echo "$archive"
+# 5. The index of both, once both are built.
+have=()
+for arch in "${all[@]}"; do
+	buildah inspect --type image "$name-$arch" >/dev/null 2>&1 && have+=("$arch")
+done
+if [[ ${#have[@]} -eq ${#all[@]} ]]; then
+	buildah manifest rm "$name-index" >/dev/null 2>&1 || true
+	buildah manifest create "$name-index" >/dev/null
+	for arch in "${all[@]}"; do
+		buildah manifest add "$name-index" "containers-storage:localhost/$name-$arch" >/dev/null
+	done
+	rm -f "$index"
+	buildah manifest push --quiet --all "$name-index" "oci-archive:$index:docker.io/library/$name" >/dev/null
+	for arch in "${all[@]}"; do
+		buildah rm "$ctr" >/dev/null 2>&1 || true
+		ctr=$(buildah from --quiet --arch "$arch" "oci-archive:$index")
+		got=$(buildah inspect --format '{{.OCIv1.Architecture}} {{.FromImageDigest}}' "$ctr")
+		[[ ${got%% *} == "$arch" ]] || die "the index $index gives a ${got%% *} image for $arch"
+		log "the index gives $arch: ${got#* }"
+	done
+	log "the index $index: ${all[*]}, $(stat -c %s "$index") bytes"
+	echo "$index"
+else
+	log "no index: only ${have[*]} built so far (run with the others too)"
+fi
+if [[ " ${arches[*]} " == *" amd64 "* ]]; then echo "$archive"; fi
