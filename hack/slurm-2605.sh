@@ -12,7 +12,8 @@
 set -euo pipefail
 
 want=26.05
-cache=${MIGDRA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/migdra}
+# The same cache as the hack/build-*.sh scripts.
+cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
 mirror=${MIGDRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 pkgs=(slurmctld slurmd slurmrestd slurm-client munge curl ca-certificates)
 # The unprivileged user slurmd-less REST clients run as: slurmrestd refuses root and SlurmUser.
