@@ -21,6 +21,75 @@ pub const BUCKETS: [f64; 15] =
 /// The process's metrics.
 pub static METRICS: Metrics = Metrics::new();
 
+/// One metric family as the exposition writes it: the registry the chart's dashboard and alerts
+/// are checked against, so a query can only name what migdra serves.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    pub name: &'static str,
+    /// `counter`, `gauge` or `histogram` (whose samples add `_bucket` with `le`, `_sum`, `_count`).
+    pub kind: &'static str,
+    pub labels: &'static [&'static str],
+    pub help: &'static str,
+}
+
+/// Every family [`Metrics::render`] writes, in that order.
+pub const FAMILIES: [Family; 9] = [
+    Family {
+        name: "migdra_prepare_duration_seconds",
+        kind: "histogram",
+        labels: &[],
+        help: "Time to prepare one claim (NodePrepareResources), failures included.",
+    },
+    Family {
+        name: "migdra_unprepare_duration_seconds",
+        kind: "histogram",
+        labels: &[],
+        help: "Time to unprepare one claim (NodeUnprepareResources), failures included.",
+    },
+    Family {
+        name: "migdra_errors_total",
+        kind: "counter",
+        labels: &["operation", "reason"],
+        help: "Claims whose prepare or unprepare failed, by operation and reason.",
+    },
+    Family {
+        name: "migdra_slice_publishes_total",
+        kind: "counter",
+        labels: &["result"],
+        help: "Publishes of this node's ResourceSlices, by result (written, unchanged, failure).",
+    },
+    Family {
+        name: "migdra_stale_claims_rolled_back_total",
+        kind: "counter",
+        labels: &["reason"],
+        help: "Claims left mid-prepare whose instances were released because the API server no longer allocates them to this node, by reason.",
+    },
+    Family {
+        name: "migdra_checkpoint_writes_total",
+        kind: "counter",
+        labels: &[],
+        help: "Atomic checkpoint writes by this process.",
+    },
+    Family {
+        name: "migdra_mig_instances",
+        kind: "gauge",
+        labels: &["gpu", "profile"],
+        help: "MIG instances held by claims in the checkpoint, by parent GPU (UUID) and profile (every profile of this node's MIG GPUs is listed).",
+    },
+    Family {
+        name: "migdra_gpu_healthy",
+        kind: "gauge",
+        labels: &["gpu", "reason"],
+        help: "1 when the GPU (UUID) is healthy, 0 when it is not; reason: none, xid-<N> or lost.",
+    },
+    Family {
+        name: "migdra_checkpoint_readable",
+        kind: "gauge",
+        labels: &[],
+        help: "1 when the last scrape could read the checkpoint.",
+    },
+];
+
 /// A latency histogram with the fixed [`BUCKETS`].
 #[derive(Debug)]
 pub struct Histogram {
@@ -56,8 +125,8 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    fn write(&self, out: &mut String, name: &str, help: &str) {
-        header(out, name, help, "histogram");
+    fn write(&self, out: &mut String, name: &str) {
+        header(out, name);
         let mut cumulative = 0;
         for (bound, n) in BUCKETS.iter().zip(&self.buckets) {
             cumulative += n.load(Ordering::Relaxed);
@@ -130,35 +199,17 @@ impl Metrics {
         *stale.entry(reason.as_str()).or_default() += 1;
     }
 
-    /// The exposition text: these metrics, plus what `engine` knows (checkpoint writes, and the
-    /// MIG instances its claims hold, by profile).
+    /// The exposition text: these metrics, plus what `engine` knows (checkpoint writes, the MIG
+    /// instances its claims hold by GPU and profile, and each GPU's health).
     pub fn render(&self, engine: Option<&Engine>) -> String {
         let mut out = String::new();
-        self.prepare.write(
-            &mut out,
-            "migdra_prepare_duration_seconds",
-            "Time to prepare one claim (NodePrepareResources), failures included.",
-        );
-        self.unprepare.write(
-            &mut out,
-            "migdra_unprepare_duration_seconds",
-            "Time to unprepare one claim (NodeUnprepareResources), failures included.",
-        );
-        header(
-            &mut out,
-            "migdra_errors_total",
-            "Claims whose prepare or unprepare failed, by operation and reason.",
-            "counter",
-        );
+        self.prepare.write(&mut out, "migdra_prepare_duration_seconds");
+        self.unprepare.write(&mut out, "migdra_unprepare_duration_seconds");
+        header(&mut out, "migdra_errors_total");
         for ((op, reason), n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(out, "migdra_errors_total{{operation=\"{op}\",reason=\"{}\"}} {n}", escape(reason));
         }
-        header(
-            &mut out,
-            "migdra_slice_publishes_total",
-            "Publishes of this node's ResourceSlices, by result (written, unchanged, failure).",
-            "counter",
-        );
+        header(&mut out, "migdra_slice_publishes_total");
         let results = [
             ("written", &self.slice_publishes_written),
             ("unchanged", &self.slice_publishes_unchanged),
@@ -167,52 +218,63 @@ impl Metrics {
         for (result, n) in results {
             let _ = writeln!(out, "migdra_slice_publishes_total{{result=\"{result}\"}} {}", n.load(Ordering::Relaxed));
         }
-        header(
-            &mut out,
-            "migdra_stale_claims_rolled_back_total",
-            "Claims left mid-prepare whose instances were released because the API server no longer allocates them to this node, by reason.",
-            "counter",
-        );
+        header(&mut out, "migdra_stale_claims_rolled_back_total");
         for (reason, n) in self.stale_rolled_back.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(out, "migdra_stale_claims_rolled_back_total{{reason=\"{reason}\"}} {n}");
         }
-        header(&mut out, "migdra_checkpoint_writes_total", "Atomic checkpoint writes by this process.", "counter");
+        header(&mut out, "migdra_checkpoint_writes_total");
         let _ = writeln!(out, "migdra_checkpoint_writes_total {}", engine.map_or(0, Engine::checkpoint_writes));
-        header(
-            &mut out,
-            "migdra_mig_instances",
-            "MIG instances held by claims in the checkpoint, by profile (every profile of this node's MIG GPUs is listed).",
-            "gauge",
-        );
-        let mut instances: BTreeMap<String, u64> = BTreeMap::new();
+        header(&mut out, "migdra_mig_instances");
+        let mut instances: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut ok = 1;
         if let Some(engine) = engine {
             for g in engine.gpus().iter().filter(|g| g.info.mig_enabled) {
                 for p in &g.model.profiles {
-                    instances.entry(p.name.clone()).or_default();
+                    instances.entry((g.info.uuid.clone(), p.name.clone())).or_default();
                 }
             }
             match engine.checkpoint() {
                 Ok(cp) => {
-                    for m in cp.claims.values().flat_map(|c| &c.devices).filter_map(|d| d.mig.as_ref()) {
-                        if m.gi_id.is_some() {
-                            *instances.entry(m.profile.clone()).or_default() += 1;
+                    for d in cp.claims.values().flat_map(|c| &c.devices) {
+                        if let Some(m) = d.mig.as_ref().filter(|m| m.gi_id.is_some()) {
+                            *instances.entry((d.gpu_uuid.clone(), m.profile.clone())).or_default() += 1;
                         }
                     }
                 }
                 Err(_) => ok = 0,
             }
         }
-        for (profile, n) in &instances {
-            let _ = writeln!(out, "migdra_mig_instances{{profile=\"{}\"}} {n}", escape(profile));
+        for ((gpu, profile), n) in &instances {
+            let _ =
+                writeln!(out, "migdra_mig_instances{{gpu=\"{}\",profile=\"{}\"}} {n}", escape(gpu), escape(profile));
         }
-        header(&mut out, "migdra_checkpoint_readable", "1 when the last scrape could read the checkpoint.", "gauge");
+        header(&mut out, "migdra_gpu_healthy");
+        if let Some(engine) = engine {
+            // A failed GPU listing says nothing about any one GPU: no samples, not zeros.
+            let health = crate::kube::inventory::node_health(engine).unwrap_or_default();
+            for (g, h) in engine.gpus().iter().zip(&health) {
+                let reason = match h.gpu {
+                    None => "none".to_string(),
+                    Some(crate::mig::taints::Cause::Xid(x)) => format!("xid-{x}"),
+                    Some(crate::mig::taints::Cause::Lost) => "lost".to_string(),
+                };
+                let healthy = u8::from(h.gpu.is_none());
+                let _ = writeln!(
+                    out,
+                    "migdra_gpu_healthy{{gpu=\"{}\",reason=\"{reason}\"}} {healthy}",
+                    escape(&g.info.uuid)
+                );
+            }
+        }
+        header(&mut out, "migdra_checkpoint_readable");
         let _ = writeln!(out, "migdra_checkpoint_readable {ok}");
         out
     }
 }
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+/// `# HELP` and `# TYPE` of a family of [`FAMILIES`].
+fn header(out: &mut String, name: &str) {
+    let (help, kind) = FAMILIES.iter().find(|f| f.name == name).map_or(("", "untyped"), |f| (f.help, f.kind));
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
@@ -323,8 +385,10 @@ mod tests {
         h.observe(Duration::from_millis(30));
         h.observe(Duration::from_secs(120));
         let mut out = String::new();
-        h.write(&mut out, "x_seconds", "help");
-        assert!(out.starts_with("# HELP x_seconds help\n# TYPE x_seconds histogram\n"), "{out}");
+        h.write(&mut out, "migdra_prepare_duration_seconds");
+        let out = out.replace("migdra_prepare_duration_seconds", "x_seconds");
+        assert!(out.starts_with("# HELP x_seconds Time to prepare one claim"), "{out}");
+        assert!(out.contains("\n# TYPE x_seconds histogram\n"), "{out}");
         assert!(out.contains("x_seconds_bucket{le=\"0.001\"} 1\n"), "{out}");
         assert!(out.contains("x_seconds_bucket{le=\"0.025\"} 1\n"), "{out}");
         assert!(out.contains("x_seconds_bucket{le=\"0.05\"} 2\n"), "{out}");
@@ -341,19 +405,66 @@ mod tests {
         m.error("prepare", "nvml-in-use");
         m.slice_publish(Some(true));
         let text = m.render(None);
-        for family in [
-            "migdra_prepare_duration_seconds",
-            "migdra_unprepare_duration_seconds",
-            "migdra_errors_total",
-            "migdra_slice_publishes_total",
-            "migdra_checkpoint_writes_total",
-            "migdra_mig_instances",
-        ] {
-            assert!(text.contains(&format!("# HELP {family} ")), "{family}: {text}");
-            assert!(text.contains(&format!("# TYPE {family} ")), "{family}: {text}");
+        for f in FAMILIES {
+            assert!(text.contains(&format!("# HELP {} {}\n", f.name, f.help)), "{}: {text}", f.name);
+            assert!(text.contains(&format!("# TYPE {} {}\n", f.name, f.kind)), "{}: {text}", f.name);
         }
         assert!(text.contains("migdra_errors_total{operation=\"prepare\",reason=\"nvml-in-use\"} 2\n"), "{text}");
         assert!(text.contains("migdra_slice_publishes_total{result=\"written\"} 1\n"), "{text}");
+    }
+
+    /// Every sample `render` writes belongs to a family of [`FAMILIES`] and carries exactly its
+    /// labels (`le` too on a histogram's buckets): the registry the chart's dashboard and alerts
+    /// are checked against is what a scrape returns.
+    #[test]
+    fn every_sample_is_of_a_registered_family_with_its_labels() {
+        use crate::gpu::GpuBackend;
+        use crate::gpu::sim::{SimBackend, SimSpec};
+        use crate::prepare::Options;
+        let dir = tempfile::tempdir().unwrap();
+        let sim =
+            std::sync::Arc::new(SimBackend::in_memory(&SimSpec::parse("h100-80gb:2,a100-40gb:1:mig-off").unwrap()));
+        let opts = Options::new("mig.slinky.slurm.net", "node-a", dir.path().join("state"), dir.path().join("cdi"));
+        let engine = Engine::new(sim.clone(), opts).unwrap();
+        let bad = sim.gpus().unwrap().remove(1).uuid;
+        sim.set_gpu_health(&bad, false).unwrap();
+        let m = Metrics::new();
+        m.error("prepare", "nvml-in-use");
+        m.stale_rolled_back(crate::prepare::StaleReason::Deleted);
+        m.prepare.observe(Duration::from_millis(3));
+        let text = m.render(Some(&engine));
+        let mut seen = std::collections::BTreeSet::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, _) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = series.split_once('{').map_or((series, ""), |(n, l)| (n, l.trim_end_matches('}')));
+            let keys: Vec<&str> =
+                labels.split(',').filter(|l| !l.is_empty()).map(|l| l.split('=').next().unwrap()).collect();
+            let family = FAMILIES
+                .iter()
+                .find(|f| {
+                    name == f.name
+                        || (f.kind == "histogram"
+                            && [
+                                f.name.to_string() + "_bucket",
+                                f.name.to_string() + "_sum",
+                                f.name.to_string() + "_count",
+                            ]
+                            .contains(&name.to_string()))
+                })
+                .unwrap_or_else(|| panic!("{line}: no registered family"));
+            let mut want: Vec<&str> = family.labels.to_vec();
+            if name.ends_with("_bucket") {
+                want.push("le");
+            }
+            assert_eq!(keys, want, "{line}: labels of {}", family.name);
+            seen.insert(family.name);
+        }
+        assert_eq!(seen.len(), FAMILIES.len(), "families without a sample: {text}");
+        assert!(text.contains(&format!("migdra_gpu_healthy{{gpu=\"{bad}\",reason=\"xid-79\"}} 0\n")), "{text}");
+        assert_eq!(text.matches("migdra_gpu_healthy{").count(), 3, "{text}");
+        // Two MIG H100s: every profile of each listed, by GPU; the MIG-off A100 has none.
+        let h100_profiles = engine.gpus()[0].model.profiles.len();
+        assert_eq!(text.matches("migdra_mig_instances{").count(), 2 * h100_profiles, "{text}");
     }
 
     #[test]

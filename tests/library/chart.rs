@@ -331,7 +331,7 @@ fn schema_choices_are_the_cli_choices() {
 /// Every leaf of values.yaml (a scalar, a list, or an empty map) by its dotted path.
 fn leaves(at: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
     match v {
-        Value::Object(m) if !m.is_empty() && at != "nodeSelector" && at != "resources" => {
+        Value::Object(m) if !m.is_empty() && at != "nodeSelector" && at != "resources" && !at.ends_with(".labels") => {
             for (k, v) in m {
                 let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
                 leaves(&path, v, out);
@@ -437,7 +437,8 @@ fn values_render_what_migdra_reads() {
     assert_eq!(mount("scratch")["mountPath"], "/scratch");
     assert!(!docs.iter().any(|d| d["kind"] == "DeviceClass"), "deviceClasses.create=false renders none");
 
-    let map = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let map =
+        docs.iter().find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "migdra-slurm-index-map").unwrap();
     let text = map["data"]["slurm-index-map.yaml"].as_str().unwrap();
     let parsed = migdra::slurm::indexmap::parse(text, std::path::Path::new("slurm-index-map.yaml"))
         .unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -541,4 +542,212 @@ fn each_architecture_loads_its_own_nvml() {
         assert_eq!(got, format!("{mount}/{set}"), "driver.nvmlLib wins for the {arch} pod on {host}");
     }
     println!("driver.nvmlLib={set}: every pod loads {mount}/{set}");
+}
+
+/// Labels a scrape adds to every series: the target's (`instance`, `job`, and the pod's
+/// `namespace`, `pod`, `container` from the Prometheus Operator) and the PodMonitor's `node`.
+const TARGET_LABELS: [&str; 6] = ["instance", "job", "namespace", "pod", "container", "node"];
+
+/// What one PromQL expression names: each `migdra_*` series with the labels of its matchers, and
+/// the labels of every `by (…)`/`without (…)` clause.
+#[derive(Debug, Default)]
+struct Query {
+    series: Vec<(String, Vec<String>)>,
+    grouping: Vec<String>,
+}
+
+/// Scan a PromQL expression for what it names: identifiers, `{…}` matchers after a series and
+/// `by`/`without` label lists. Enough for the chart's queries; strings are skipped whole.
+fn scan_promql(expr: &str) -> Query {
+    let b = expr.as_bytes();
+    let ident = |i: usize| {
+        let mut j = i;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] == b':') {
+            j += 1;
+        }
+        j
+    };
+    let list = |from: usize, close: u8| -> (Vec<String>, usize) {
+        // Names before an operator (matchers) or alone (a label list); quoted values skipped.
+        let (mut names, mut i, mut expect_name) = (Vec::new(), from, true);
+        while i < b.len() && b[i] != close {
+            match b[i] {
+                b'"' => {
+                    i += 1;
+                    while i < b.len() && b[i] != b'"' {
+                        i += if b[i] == b'\\' { 2 } else { 1 };
+                    }
+                    i += 1;
+                }
+                b',' => {
+                    expect_name = true;
+                    i += 1;
+                }
+                c if expect_name && (c.is_ascii_alphabetic() || c == b'_') => {
+                    let j = ident(i);
+                    names.push(expr[i..j].to_string());
+                    expect_name = false;
+                    i = j;
+                }
+                _ => i += 1,
+            }
+        }
+        (names, i + 1)
+    };
+    let mut q = Query::default();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            let j = ident(i);
+            let word = &expr[i..j];
+            let mut k = j;
+            while k < b.len() && b[k] == b' ' {
+                k += 1;
+            }
+            if (word == "by" || word == "without") && k < b.len() && b[k] == b'(' {
+                let (names, end) = list(k + 1, b')');
+                q.grouping.extend(names);
+                i = end;
+            } else if word.starts_with("migdra_") {
+                let (labels, end) = if k < b.len() && b[k] == b'{' { list(k + 1, b'}') } else { (Vec::new(), j) };
+                q.series.push((word.to_string(), labels));
+                i = end;
+            } else {
+                i = j;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    q
+}
+
+/// Every problem with `expr` against migdra's metric registry; `shown`: the labels a legend or an
+/// alert's annotations take from its result.
+fn check_query(expr: &str, shown: &[String]) -> Vec<String> {
+    let q = scan_promql(expr);
+    let mut problems = Vec::new();
+    if q.series.is_empty() {
+        problems.push(format!("{expr}: queries no migdra series"));
+    }
+    let mut available: BTreeSet<String> = BTreeSet::new();
+    for (name, labels) in &q.series {
+        let family = migdra::metrics::FAMILIES.iter().find(|f| {
+            name == f.name
+                || (f.kind == "histogram"
+                    && ["_bucket", "_sum", "_count"].iter().any(|s| *name == format!("{}{s}", f.name)))
+        });
+        let Some(family) = family else {
+            problems.push(format!("{expr}: {name} is not a metric migdra serves"));
+            continue;
+        };
+        let mut own: BTreeSet<String> = family.labels.iter().map(|l| (*l).to_string()).collect();
+        if name.ends_with("_bucket") {
+            own.insert("le".into());
+        }
+        for l in labels.iter().filter(|l| !own.contains(*l)) {
+            problems.push(format!("{expr}: {name} has no label {l} (it has {own:?})"));
+        }
+        available.extend(own);
+    }
+    available.extend(TARGET_LABELS.iter().map(|l| (*l).to_string()));
+    for l in q.grouping.iter().filter(|l| !available.contains(*l)) {
+        problems.push(format!("{expr}: groups by {l}, which none of its series has"));
+    }
+    // An aggregation keeps only its grouping labels.
+    let result: BTreeSet<String> = if q.grouping.is_empty() { available } else { q.grouping.into_iter().collect() };
+    for l in shown.iter().filter(|l| !result.contains(*l)) {
+        problems.push(format!("{expr}: shows label {l}, which its result does not have ({result:?})"));
+    }
+    problems
+}
+
+/// The label names `{{name}}` (a Grafana legend) or `$labels.name` (an alert's template) take.
+fn shown_labels(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in text.split("{{").skip(1) {
+        let inner = part.split("}}").next().unwrap_or_default().trim();
+        let name = inner.strip_prefix("$labels.").unwrap_or(inner);
+        if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// The chart's dashboard, alerts and PodMonitor query only metrics migdra serves, with labels
+/// they have: each expression is checked against `migdra::metrics::FAMILIES`, which a unit test
+/// checks against what a scrape returns.
+#[test]
+fn dashboard_and_alerts_query_only_what_migdra_serves() {
+    let Some(helm) = HELM.find() else { return };
+    let text = render::helm_template(
+        &helm,
+        &[
+            "--set",
+            "monitoring.dashboard.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.podMonitor.enabled=true",
+            "--set",
+            "metrics.addr=0.0.0.0:9400,metrics.allowRemote=true",
+        ],
+    );
+    let docs = render::documents("helm template (monitoring)", &text);
+    let find = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+    };
+    let mut problems = Vec::new();
+    let mut checked = 0;
+
+    let dashboard: Value =
+        serde_json::from_str(find("ConfigMap", "migdra-dashboard")["data"]["migdra.json"].as_str().unwrap()).unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let targets = panel["targets"].as_array().map_or(&[][..], Vec::as_slice);
+        if targets.is_empty() {
+            problems.push(format!("panel {} has no query", panel["title"]));
+        }
+        for t in targets {
+            let shown = shown_labels(t["legendFormat"].as_str().unwrap_or_default());
+            problems.extend(check_query(t["expr"].as_str().unwrap_or_default(), &shown));
+            checked += 1;
+        }
+    }
+    for rule in find("PrometheusRule", "migdra")["spec"]["groups"][0]["rules"].as_array().unwrap() {
+        let name = rule["alert"].as_str().unwrap_or_default();
+        let annotations = rule["annotations"].as_object().unwrap();
+        for key in ["summary", "description"] {
+            if annotations.get(key).and_then(Value::as_str).is_none_or(str::is_empty) {
+                problems.push(format!("alert {name} has no {key}"));
+            }
+        }
+        if !["info", "warning", "critical"].contains(&rule["labels"]["severity"].as_str().unwrap_or_default()) {
+            problems.push(format!("alert {name}: severity must be info, warning or critical"));
+        }
+        let shown: Vec<String> = annotations.values().filter_map(Value::as_str).flat_map(shown_labels).collect();
+        problems.extend(check_query(rule["expr"].as_str().unwrap_or_default(), &shown));
+        checked += 1;
+    }
+    let endpoint = &find("PodMonitor", "migdra")["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], "metrics", "the PodMonitor scrapes the container port the chart names");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    println!("{checked} queries (dashboard and alerts) name only migdra's metrics and their labels");
+
+    // The checks can fail: each broken query is caught.
+    for (expr, shown, want) in [
+        ("sum(rate(migdra_prepares_total[5m]))", vec![], "is not a metric migdra serves"),
+        ("migdra_errors_total{op=\"prepare\"}", vec![], "has no label op"),
+        ("sum by (gpu) (migdra_errors_total)", vec![], "groups by gpu"),
+        ("sum by (node) (migdra_errors_total)", vec!["reason".to_string()], "shows label reason"),
+        ("histogram_quantile(0.9, sum by (le) (rate(migdra_errors_total_bucket[5m])))", vec![], "not a metric"),
+    ] {
+        let got = check_query(expr, &shown);
+        assert!(got.iter().any(|p| p.contains(want)), "{expr}: {got:?}");
+    }
 }

@@ -172,11 +172,13 @@ fn all_objects() -> Vec<Doc> {
 
 type RoundTrip = fn(&Value) -> Result<Value, String>;
 
+fn round_trip<T: DeserializeOwned + Serialize>(v: &Value) -> Result<Value, String> {
+    let t: T = serde_json::from_value(v.clone()).map_err(|e| format!("does not parse: {e}"))?;
+    serde_json::to_value(&t).map_err(|e| format!("does not serialize: {e}"))
+}
+
 fn typed<T: k8s_openapi::Resource + DeserializeOwned + Serialize>() -> (&'static str, &'static str, RoundTrip) {
-    (T::API_VERSION, T::KIND, |v| {
-        let t: T = serde_json::from_value(v.clone()).map_err(|e| format!("does not parse: {e}"))?;
-        serde_json::to_value(&t).map_err(|e| format!("does not serialize: {e}"))
-    })
+    (T::API_VERSION, T::KIND, round_trip::<T>)
 }
 
 /// The kinds daemonset/ may hold; a new kind needs a line here.
@@ -196,7 +198,91 @@ fn kinds() -> Vec<(&'static str, &'static str, RoundTrip)> {
         typed::<DeviceClass>(),
         typed::<ResourceClaimTemplate>(),
         typed::<ResourceClaim>(),
+        mirrored::<monitoring::PodMonitor>("monitoring.coreos.com/v1", "PodMonitor"),
+        mirrored::<monitoring::PrometheusRule>("monitoring.coreos.com/v1", "PrometheusRule"),
     ]
+}
+
+/// A kind without a Kubernetes crate's type, checked against our mirror of its schema.
+fn mirrored<T: DeserializeOwned + Serialize>(
+    api_version: &'static str,
+    kind: &'static str,
+) -> (&'static str, &'static str, RoundTrip) {
+    (api_version, kind, round_trip::<T>)
+}
+
+/// The Prometheus Operator's PodMonitor and PrometheusRule (monitoring.coreos.com/v1), which no
+/// Kubernetes crate has: the fields the chart writes, with the operator's names and types, and no
+/// other (a misspelt or misplaced field fails the round trip).
+mod monitoring {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+    use serde::{Deserialize, Serialize};
+    use std::collections::BTreeMap;
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct PodMonitor {
+        api_version: String,
+        kind: String,
+        metadata: ObjectMeta,
+        spec: PodMonitorSpec,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct PodMonitorSpec {
+        selector: LabelSelector,
+        pod_metrics_endpoints: Vec<PodMetricsEndpoint>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct PodMetricsEndpoint {
+        port: String,
+        path: String,
+        interval: String,
+        relabelings: Vec<Relabeling>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Relabeling {
+        source_labels: Vec<String>,
+        target_label: String,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct PrometheusRule {
+        api_version: String,
+        kind: String,
+        metadata: ObjectMeta,
+        spec: RuleSpec,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RuleSpec {
+        groups: Vec<RuleGroup>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RuleGroup {
+        name: String,
+        rules: Vec<Rule>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Rule {
+        alert: String,
+        expr: String,
+        #[serde(rename = "for", skip_serializing_if = "Option::is_none")]
+        for_: Option<String>,
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+    }
 }
 
 /// Where `a` and `b` differ, as JSON pointers.

@@ -70,16 +70,6 @@ fn sample(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
 }
 
-/// Every metric family the daemon exports, with its type.
-const FAMILIES: [(&str, &str); 6] = [
-    ("migdra_prepare_duration_seconds", "histogram"),
-    ("migdra_unprepare_duration_seconds", "histogram"),
-    ("migdra_errors_total", "counter"),
-    ("migdra_mig_instances", "gauge"),
-    ("migdra_checkpoint_writes_total", "counter"),
-    ("migdra_slice_publishes_total", "counter"),
-];
-
 /// A prepare over the real DRA socket shows up in every metric family, and every log line of
 /// that claim carries its UID and device; an unprepare and a failed prepare are counted too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,12 +85,15 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
     let addr = metrics_addr(&mut daemon).await;
 
     let before = scrape(&addr);
-    for (family, kind) in FAMILIES {
-        assert!(before.contains(&format!("# HELP {family} ")), "{family} has HELP before any call:\n{before}");
-        assert!(before.contains(&format!("# TYPE {family} {kind}\n")), "{family} is a {kind}:\n{before}");
+    for f in migdra::metrics::FAMILIES {
+        assert!(before.contains(&format!("# HELP {} ", f.name)), "{} has HELP before any call:\n{before}", f.name);
+        assert!(before.contains(&format!("# TYPE {} {}\n", f.name, f.kind)), "{} is a {}:\n{before}", f.name, f.kind);
     }
+    let uuid = node.layout()["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    let instances = |profile: &str| format!("migdra_mig_instances{{gpu=\"{uuid}\",profile=\"{profile}\"}}");
     assert_eq!(sample(&before, "migdra_prepare_duration_seconds_count"), 0.0);
-    assert_eq!(sample(&before, "migdra_mig_instances{profile=\"1g.10gb\"}"), 0.0);
+    assert_eq!(sample(&before, &instances("1g.10gb")), 0.0);
+    assert_eq!(sample(&before, &format!("migdra_gpu_healthy{{gpu=\"{uuid}\",reason=\"none\"}}")), 1.0);
 
     daemon.wait_ready().await;
     let kubelet = daemon.register().await;
@@ -116,8 +109,8 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
     assert!(sample(&text, "migdra_prepare_duration_seconds_count") >= 2.0, "{text}");
     assert!(sample(&text, "migdra_prepare_duration_seconds_bucket{le=\"+Inf\"}") >= 2.0, "{text}");
     assert!(sample(&text, "migdra_prepare_duration_seconds_sum") > 0.0, "{text}");
-    assert_eq!(sample(&text, "migdra_mig_instances{profile=\"1g.10gb\"}"), 1.0, "{text}");
-    assert_eq!(sample(&text, "migdra_mig_instances{profile=\"7g.80gb\"}"), 0.0, "{text}");
+    assert_eq!(sample(&text, &instances("1g.10gb")), 1.0, "{text}");
+    assert_eq!(sample(&text, &instances("7g.80gb")), 0.0, "{text}");
     assert!(sample(&text, "migdra_checkpoint_writes_total") > 0.0, "{text}");
     assert_eq!(sample(&text, "migdra_errors_total{operation=\"prepare\",reason=\"claim-not-found\"}"), 1.0, "{text}");
     // Claims come from files here, so nothing is published; the family is there, at zero.
@@ -127,7 +120,7 @@ async fn a_scrape_after_a_prepare_finds_every_family_and_the_claim_logs_carry_it
     assert_eq!(unprepared.get(UID).map(String::as_str), Some(""), "{unprepared:?}");
     let after = scrape(&addr);
     assert_eq!(sample(&after, "migdra_unprepare_duration_seconds_count"), 1.0, "{after}");
-    assert_eq!(sample(&after, "migdra_mig_instances{profile=\"1g.10gb\"}"), 0.0, "{after}");
+    assert_eq!(sample(&after, &instances("1g.10gb")), 0.0, "{after}");
     assert!(
         sample(&after, "migdra_checkpoint_writes_total") > sample(&text, "migdra_checkpoint_writes_total"),
         "unprepare writes the checkpoint:\n{after}"
