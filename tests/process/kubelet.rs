@@ -91,18 +91,18 @@ fn health_map(msg: &NodeWatchResourcesResponse) -> BTreeMap<String, HealthStatus
         .collect()
 }
 
-/// Read health messages until one satisfies `want` (5 s at most).
-async fn health_until(
+/// Read health messages until one satisfies `want` (10 s at most).
+pub(crate) async fn health_until(
     stream: &mut migdra::kubelet::client::HealthStream,
     what: &str,
     want: impl Fn(&BTreeMap<String, HealthStatus>) -> bool,
 ) -> BTreeMap<String, HealthStatus> {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let mut last = BTreeMap::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let Ok(msg) = tokio::time::timeout(left, stream.message()).await else {
-            panic!("no health message with {what} within 5 s; the last said {last:?}");
+            panic!("no health message with {what} within 10 s; the last said {last:?}");
         };
         let msg = msg.expect("health stream failed").expect("health stream ended");
         last = health_map(&msg);

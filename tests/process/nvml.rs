@@ -4,6 +4,7 @@
 //! call nothing that changes a GPU; older drivers and GPUs the catalog does not know still work;
 //! a node without a driver fails at start with one clear line.
 
+use crate::kubelet::health_until;
 use crate::support::claim::Claim;
 use crate::support::cluster::complete;
 use crate::support::command::{Run, migdra, scrubbed};
@@ -30,6 +31,40 @@ const MUTATING: [&str; 5] = [
     "nvmlComputeInstanceDestroy",
     "nvmlDeviceSetMigMode",
 ];
+
+/// `--driver-root` without `--nvml-lib`, as the chart runs it: the real dlopen of the fake
+/// libnvidia-ml found under the driver root in this architecture's multiarch directory, ahead of
+/// a broken `usr/lib` copy that would fail if it were taken.
+#[test]
+fn the_driver_root_finds_this_architectures_library() {
+    let fake = FakeNode::new("h100-80gb:2");
+    let root = fake.node.path().join("driver-root");
+    let dir = root.join(format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH));
+    std::fs::create_dir_all(&dir).unwrap();
+    let libdir = fake.lib.parent().unwrap();
+    for file in ["libnvidia-ml.so.1", "fake-nvml.conf"] {
+        std::fs::copy(libdir.join(file), dir.join(file)).unwrap();
+    }
+    std::fs::create_dir_all(root.join("usr/lib")).unwrap();
+    std::fs::write(root.join("usr/lib/libnvidia-ml.so.1"), "not a library").unwrap();
+    let layout = migdra()
+        .args(["layout", "-o", "json", "--driver-root"])
+        .arg(&root)
+        .arg("--procfs-root")
+        .arg(&fake.procfs)
+        .json();
+    let uuids: Vec<String> = fake.hw.gpus().unwrap().into_iter().map(|g| g.uuid).collect();
+    let seen: Vec<&str> = layout["gpus"].as_array().unwrap().iter().map(|g| g["uuid"].as_str().unwrap()).collect();
+    assert_eq!(seen, uuids, "{layout}");
+
+    // Nothing under the root: one line naming every path tried.
+    let empty = fake.node.path().join("empty-root");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = migdra().args(["layout", "--driver-root"]).arg(&empty).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains(&format!("{}/usr/lib64/libnvidia-ml.so.1", empty.display())), "{err}");
+}
 
 /// The demo's day — notebooks arriving and leaving, a 7g job waiting for a GPU, a whole GPU with
 /// MIG off — with `migdra serve` on the NVML backend: every instance is made and destroyed through
@@ -120,35 +155,13 @@ async fn serve_on_nvml_reports_capabilities_from_procfs_and_health_from_xids() {
     // An XID on the claim's instance (contained ECC, the GPU stays on the bus): unhealthy until
     // the operator, having looked, runs `migdra health clear` against the running daemon.
     node.hw.set_instance_health(&gpus[1].uuid, gi.id, false).unwrap();
-    let dev_health = |want: HealthStatus| {
-        let device = device.clone();
-        move |msg: &migdra::kubelet::proto::health_v1::NodeWatchResourcesResponse| {
-            msg.devices.iter().any(|d| {
-                d.device.as_ref().is_some_and(|id| id.device_name == device)
-                    && HealthStatus::try_from(d.health) == Ok(want)
-            })
-        }
-    };
-    let unhealthy = dev_health(HealthStatus::Unhealthy);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let msg = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap().unwrap().unwrap();
-        if unhealthy(&msg) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the instance never turned unhealthy");
-    }
+    let device = device.as_str();
+    let is =
+        |want: HealthStatus| move |m: &std::collections::BTreeMap<String, HealthStatus>| m.get(device) == Some(&want);
+    health_until(&mut stream, "the instance unhealthy", is(HealthStatus::Unhealthy)).await;
     let said = node.node.cli(&["health", "clear", "--gpu", "1"]);
     assert!(said.contains(&gpus[1].uuid), "{said}");
-    let healthy = dev_health(HealthStatus::Healthy);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let msg = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap().unwrap().unwrap();
-        if healthy(&msg) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the instance still unhealthy after migdra health clear");
-    }
+    health_until(&mut stream, "the instance healthy after migdra health clear", is(HealthStatus::Healthy)).await;
     let bad = node.node.command(&["health", "clear", "--gpu", "7"]).output().unwrap();
     let err = String::from_utf8_lossy(&bad.stderr);
     assert_eq!(bad.status.code(), Some(2), "{err}");
