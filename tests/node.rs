@@ -169,16 +169,9 @@ impl Ops {
     /// of containers that exited).
     fn container_logs(&self, namespace: &str) -> String {
         let mut out = String::new();
-        for pod in std::fs::read_dir(self.node_dir.join("pod-logs")).into_iter().flatten().flatten() {
-            if !pod.file_name().to_string_lossy().starts_with(&format!("{namespace}_")) {
-                continue;
-            }
-            for container in std::fs::read_dir(pod.path()).into_iter().flatten().flatten() {
-                for log in std::fs::read_dir(container.path()).into_iter().flatten().flatten() {
-                    out.push_str(&support::logs::file_tail("container", &log.path(), 15));
-                    out.push('\n');
-                }
-            }
+        for log in log_files(&self.node_dir, namespace, None) {
+            out.push_str(&support::logs::file_tail("container", &log, 15));
+            out.push('\n');
         }
         out
     }
@@ -956,18 +949,29 @@ fn checkpoint(node: &KubeNode) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The whole text of the migdra containers' logs on the node, those that exited included.
-fn migdra_log(node: &KubeNode) -> String {
-    let mut out = String::new();
-    for pod in std::fs::read_dir(node.dir().join("pod-logs")).into_iter().flatten().flatten() {
-        if !pod.file_name().to_string_lossy().starts_with(&format!("{CHART_NS}_")) {
+/// The log files the kubelet keeps of a namespace's containers (those that exited too), or of
+/// one container name only.
+fn log_files(node_dir: &Path, namespace: &str, container: Option<&str>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for pod in std::fs::read_dir(node_dir.join("pod-logs")).into_iter().flatten().flatten() {
+        if !pod.file_name().to_string_lossy().starts_with(&format!("{namespace}_")) {
             continue;
         }
-        for log in std::fs::read_dir(pod.path().join("migdra")).into_iter().flatten().flatten() {
-            out.push_str(&std::fs::read_to_string(log.path()).unwrap_or_default());
+        for c in std::fs::read_dir(pod.path()).into_iter().flatten().flatten() {
+            if container.is_none_or(|name| c.file_name() == name) {
+                out.extend(std::fs::read_dir(c.path()).into_iter().flatten().flatten().map(|l| l.path()));
+            }
         }
     }
     out
+}
+
+/// The whole text of the migdra containers' logs on the node, those that exited included.
+fn migdra_log(node: &KubeNode) -> String {
+    log_files(&node.dir(), CHART_NS, Some("migdra"))
+        .iter()
+        .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+        .collect()
 }
 
 /// A claim left mid-prepare whose pod is deleted before the kubelet retries, on the real node.
