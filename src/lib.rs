@@ -24,6 +24,7 @@
 pub mod cdi;
 pub mod claims;
 pub mod cli;
+pub mod cluster;
 pub mod duration;
 pub mod files;
 pub mod gpu;

@@ -1053,6 +1053,15 @@ async fn an_unhealthy_gpu_is_tainted_and_avoided_until_it_recovers() {
     }
     let fit = cluster.fits_now("3g.40gb").await.expect("without the taint 3g.40gb would fit");
     assert!(on_sick(&fit), "{fit}");
+    let why = kubectl_migdra_ok(cluster.cp.kubeconfig(), &["why", "t-3g-c", "-n", NS]);
+    println!("kubectl migdra why t-3g-c:\n{why}");
+    let sick_gpu = cluster.node.minors().iter().position(|m| *m == u64::from(sick)).unwrap();
+    let sick_line =
+        format!("{NODE} GPU {sick_gpu} (slurm {sick_gpu}): free but tainted {DRIVER}/xid=79:NoSchedule, not tolerated");
+    assert!(why.contains(&sick_line), "{why}");
+    assert!(why.contains(": full, held by team-a/t-3g-a (claim t-3g-a-gpu-"), "{why}");
+    let usage = kubectl_migdra_ok(cluster.cp.kubeconfig(), &["usage"]);
+    assert!(usage.contains(&format!("  TAINTED {DRIVER}/xid=79:NoSchedule")), "{usage}");
     let later = taints(&cluster.published(Duration::from_secs(30)).await);
     assert_eq!(later, tainted, "the taints, times included, stay as they were while the GPU is unhealthy");
     check_slices_stay_put(&cluster).await;
@@ -1586,4 +1595,192 @@ async fn serve_killed_after_an_api_write_converges_when_started_again() {
     assert_eq!(ours(&claim)[0]["device"], devices[0].as_str());
     cluster.finish("p-status", true).await;
     assert!(cluster.node.checkpoint().is_empty());
+}
+
+/// `kubectl-migdra ARGS`: this build's binary under its kubectl plugin name, against the control
+/// plane, as a user runs it (their kubeconfig, nothing else).
+fn kubectl_migdra(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let dir = std::env::temp_dir().join(format!("migdra-kubectl-plugin-{}", std::process::id()));
+    let plugin = dir.join("kubectl-migdra");
+    if !plugin.exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_migdra"), &plugin).unwrap();
+    }
+    let mut cmd = support::command::scrubbed(&plugin);
+    cmd.args(args).env("KUBECONFIG", kubeconfig);
+    cmd.run()
+}
+
+/// Its stdout, which must come with exit 0.
+fn kubectl_migdra_ok(kubeconfig: &std::path::Path, args: &[&str]) -> String {
+    let out = kubectl_migdra(kubeconfig, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "kubectl-migdra {args:?}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A claim by name: one request of `class`, with these CEL selectors.
+async fn create_claim(cluster: &Cluster, name: &str, class: &str, selectors: &[String]) {
+    let selectors: Vec<Value> = selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect();
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "selectors": selectors}}]}}
+    }))
+    .unwrap();
+    cluster.claims().create(&PostParams::default(), &claim).await.unwrap();
+}
+
+/// `kubectl migdra why` on pods the real scheduler left pending, one per reason: a GPU full
+/// (naming the claims on it), fragmented (naming the claim to move), a Slurm pin on a full GPU
+/// (and where it would fit without it), a profile no node publishes, and selectors matching
+/// nothing; `usage` draws exactly the allocated claims; bad input gets one line each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Cluster::start().await;
+    let kc = cluster.cp.kubeconfig().to_path_buf();
+    let attr = |name: &str| format!("device.attributes[\"{DRIVER}\"].{name}");
+    let gpu_of_slurm = |k: i64| -> u32 {
+        let device = cluster.slurm_index.iter().find(|(d, i)| **i == k && d.contains("-mig-")).unwrap().0;
+        DeviceName::parse(device).unwrap().minor()
+    };
+    let (gpu0, gpu1) = (gpu_of_slurm(0), gpu_of_slurm(1));
+
+    // Slurm GPU 1 whole in one 7g.80gb; on Slurm GPU 0, 1g.10gb instances on slices 1 and 5.
+    let held = [
+        ("big", "mig-7g.80gb", vec![format!("{} == 1", attr("slurmGpuIndex"))]),
+        ("small-1", "mig-1g.10gb", vec![format!("{} == 0 && {} == 1", attr("slurmGpuIndex"), attr("placementStart"))]),
+        ("small-5", "mig-1g.10gb", vec![format!("{} == 0 && {} == 5", attr("slurmGpuIndex"), attr("placementStart"))]),
+    ];
+    for (name, class, selectors) in &held {
+        create_claim(&cluster, name, class, selectors).await;
+        cluster.create_pod(name, "", Some(name)).await;
+        assert_eq!(cluster.outcome(name, Duration::from_secs(60)).await, Outcome::Bound, "{name}");
+    }
+    let allocations = cluster.allocations().await;
+    let device_of = |claim: &str| allocations.iter().find(|(c, _)| c == claim).map(|(_, d)| d.clone()).unwrap();
+    assert_eq!(device_of("big"), format!("gpu-{gpu1}-mig-7g80gb-0-0"));
+    assert_eq!(device_of("small-1"), format!("gpu-{gpu0}-mig-1g10gb-19-1"));
+    assert_eq!(device_of("small-5"), format!("gpu-{gpu0}-mig-1g10gb-19-5"));
+
+    // One pending pod per reason.
+    cluster.create_pod("frag", "3g.40gb", None).await;
+    create_claim(&cluster, "pinned", "mig-2g.20gb", &[format!("{} == 1", attr("slurmGpuIndex"))]).await;
+    cluster.create_pod("pinned", "", Some("pinned")).await;
+    create_claim(&cluster, "unpublished", "mig", &[format!("{} == \"3g.71gb\"", attr("profile"))]).await;
+    cluster.create_pod("unpublished", "", Some("unpublished")).await;
+    create_claim(
+        &cluster,
+        "nomatch",
+        "mig-1g.10gb",
+        &[format!("{} == \"NVIDIA A100-SXM4-40GB\"", attr("productName"))],
+    )
+    .await;
+    cluster.create_pod("nomatch", "", Some("nomatch")).await;
+    // Written for NVIDIA's device plugin: the scheduler makes its claim only once it fits.
+    cluster.create_device_plugin_pod("plugin-style", "nvidia.com/mig-3g.40gb").await;
+    for pod in ["frag", "pinned", "unpublished", "nomatch", "plugin-style"] {
+        match cluster.outcome(pod, Duration::from_secs(60)).await {
+            Outcome::Unschedulable(_) => {}
+            Outcome::Bound => panic!("{pod} was bound: {:?}", cluster.allocations().await),
+        }
+    }
+    let why = |pod: &str| kubectl_migdra_ok(&kc, &["why", pod, "-n", NS]);
+    let g = |minor: u32, slurm: i64| {
+        format!(
+            "{NODE} GPU {} (slurm {slurm})",
+            cluster.node.minors().iter().position(|m| *m == u64::from(minor)).unwrap()
+        )
+    };
+    let text = why("frag");
+    println!("kubectl migdra why frag:\n{text}");
+    assert!(text.contains("scheduler: 0/1 nodes are available"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "{}: fragmented: memory slices 0,2,3,4,6,7 are free, 4 needed in one placement; moving {NS}/small-",
+            g(gpu0, 0)
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{}: full, held by {NS}/big (claim big)", g(gpu1, 1))), "{text}");
+    let text = why("pod/pinned");
+    println!("kubectl migdra why pod/pinned:\n{text}");
+    assert!(text.contains(&format!("{}: full, held by {NS}/big (claim big)", g(gpu1, 1))), "{text}");
+    assert!(
+        text.contains(&format!(
+            "pinned to Slurm GPU 1 (slurmGpuIndex); without the pin it would fit on {}",
+            g(gpu0, 0)
+        )),
+        "{text}"
+    );
+    let text = why("plugin-style");
+    assert!(
+        text.contains("claim team-a/(extended resources)\n  request main-mig-3g.40gb: class mig-3g.40gb"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{}: fragmented", g(gpu0, 0))), "{text}");
+    let text = why("unpublished");
+    assert!(text.contains("profile 3g.71gb is published by no node; published: 1g.10gb, 1g.10gb+me"), "{text}");
+    let text = why("claim/nomatch");
+    assert!(
+        text.contains("0 matching devices on 0 nodes") && text.contains("the selectors match no published device"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&kubectl_migdra_ok(&kc, &["why", "frag", "-n", NS, "-o", "json"])).unwrap();
+    let kinds: Vec<&str> = json["claims"][0]["requests"][0]["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["fragmented", "full"], "{json}");
+
+    // usage: every allocated claim, at its placement, and nothing else.
+    let text = kubectl_migdra_ok(&kc, &["usage"]);
+    println!("kubectl migdra usage:\n{text}");
+    let usage: Value = serde_json::from_str(&kubectl_migdra_ok(&kc, &["usage", "-o", "json"])).unwrap();
+    let mut drawn = BTreeMap::new();
+    for gpu in usage["nodes"][0]["gpus"].as_array().unwrap() {
+        let slices = gpu["slices"].as_str().unwrap();
+        for h in gpu["holders"].as_array().unwrap() {
+            let (start, size) =
+                (h["placementStart"].as_u64().unwrap() as usize, h["placementSize"].as_u64().unwrap() as usize);
+            let letter = h["letter"].as_str().unwrap();
+            assert_eq!(&slices[start..start + size], letter.repeat(size), "{gpu}");
+            drawn.insert(h["claim"].as_str().unwrap().to_string(), h["device"].as_str().unwrap().to_string());
+        }
+        let held: usize =
+            gpu["holders"].as_array().unwrap().iter().map(|h| h["placementSize"].as_u64().unwrap() as usize).sum();
+        assert_eq!(slices.chars().filter(|c| *c != '.').count(), held, "{gpu}");
+    }
+    let want: BTreeMap<String, String> = cluster.allocations().await.into_iter().collect();
+    assert_eq!(drawn, want, "usage draws exactly the allocated claims");
+    let row = |p: &str| usage["profiles"].as_array().unwrap().iter().find(|r| r["profile"] == p).cloned().unwrap();
+    assert_eq!((row("7g.80gb")["inUse"].as_u64(), row("7g.80gb")["free"].as_u64()), (Some(1), Some(0)));
+    assert_eq!((row("1g.10gb")["inUse"].as_u64(), row("1g.10gb")["free"].as_u64()), (Some(2), Some(5)));
+    assert_eq!((row("3g.40gb")["inUse"].as_u64(), row("3g.40gb")["free"].as_u64()), (Some(0), Some(0)));
+
+    // Bad input: one line each, exit 2 for what the user typed, 1 for the cluster.
+    let fails = |args: &[&str], kubeconfig: &std::path::Path, code: i32, want: &str| {
+        let out = kubectl_migdra(kubeconfig, args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    };
+    fails(&["why", "no-such-pod", "-n", NS], &kc, 2, "pod team-a/no-such-pod not found");
+    fails(&["why", "deploy/x", "-n", NS], &kc, 2, "unknown kind \"deploy\"");
+    cluster.create_device_plugin_pod("no-claims", "cpu").await;
+    fails(&["why", "no-claims", "-n", NS], &kc, 2, "pod team-a/no-claims has no resource claims");
+    fails(&["usage", "--driver-name", "other.example.com"], &kc, 1, "no node publishes other.example.com devices");
+    let dead = std::env::temp_dir().join(format!("migdra-dead-kubeconfig-{}", std::process::id()));
+    let text = std::fs::read_to_string(&kc).unwrap();
+    let port = text.split("https://").nth(1).and_then(|r| r.split(['/', '\n', '"']).next()).unwrap().to_string();
+    std::fs::write(&dead, text.replace(&port, "127.0.0.1:9")).unwrap();
+    fails(&["usage"], &dead, 1, "failed to read ResourceSlices from https://127.0.0.1:9");
 }

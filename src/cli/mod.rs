@@ -6,6 +6,7 @@
 mod backend;
 mod claims;
 mod cleanup;
+mod cluster;
 mod demo;
 mod device_classes;
 mod health;
@@ -266,6 +267,13 @@ pub enum Command {
     Probe(probe::Args),
     /// A day on a simulated node: the real daemon, driven over its sockets like a kubelet
     Demo(demo::Args),
+    /// Every migdra node's GPUs from the API server: memory slices with a letter per claim, taints,
+    /// and per profile the placements in use and free now. Also `kubectl migdra usage`
+    Usage,
+    /// Why a pod (or claim/NAME) is pending: per request, the matching devices and, per GPU, what
+    /// keeps them from it (claims holding the slices, fragmentation, a taint, a Slurm pin, a
+    /// selector matching nothing). Also `kubectl migdra why`
+    Why(cluster::WhyArgs),
 }
 
 /// How a command failed: bad input (exit 2) or anything else (exit 1).
@@ -314,6 +322,8 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Health(args) => health::run(&args, &cli.global, out),
         Command::Probe(args) => probe::run(&args, &cli.global, out),
         Command::Demo(args) => demo::run(&args, out),
+        Command::Usage => cluster::usage(&cli.global, out),
+        Command::Why(args) => cluster::why(&args, &cli.global, out),
     }
 }
 

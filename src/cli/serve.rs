@@ -338,14 +338,14 @@ async fn sweep_stale_claims(engine: Arc<crate::prepare::Engine>, claims: Arc<dyn
     }
 }
 
-fn read_kubeconfig(path: &std::path::Path) -> Result<kube::config::Kubeconfig, CliError> {
+pub(super) fn read_kubeconfig(path: &std::path::Path) -> Result<kube::config::Kubeconfig, CliError> {
     kube::config::Kubeconfig::read_from(path)
         .map_err(|e| CliError::Usage(format!("--kubeconfig {}: {e}", path.display())))
 }
 
 /// A client for `--kubeconfig` (already read), or in-cluster, then `~/.kube/config`, and its
 /// server's URL.
-async fn kube_client(
+pub(super) async fn kube_client(
     kubeconfig: Option<(&std::path::Path, kube::config::Kubeconfig)>,
 ) -> Result<(kube::Client, String), CliError> {
     let config = match kubeconfig {

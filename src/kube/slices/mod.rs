@@ -456,7 +456,7 @@ pub fn build(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::mig::catalog::{GpuModel, model};
     use crate::mig::devices::{self, GpuIdentity, GpuMode, gpu_devices};
@@ -465,13 +465,12 @@ mod tests {
     pub(super) const DRIVER: &str = "mig.slinky.slurm.net";
     pub(super) const NODE: &str = "node-a";
 
-    pub(super) fn gpu(key: &str, index: u32, mode: GpuMode) -> GpuSlices {
-        let m: &GpuModel = model(key).unwrap();
-        let minor = index + 100;
-        let id = GpuIdentity {
+    /// A GPU as NVML would report it, its Slurm index its NVML index.
+    pub(crate) fn identity(m: &GpuModel, index: u32, minor: u32, uuid: String) -> GpuIdentity {
+        GpuIdentity {
             index,
             minor,
-            uuid: format!("GPU-00000000-0000-0000-0000-{index:012}"),
+            uuid,
             pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
             product_name: m.product_name.clone(),
             memory_mib: m.memory_mib,
@@ -480,7 +479,13 @@ mod tests {
             slurm_index: Some(index),
             slurm_index_source: "nvml".into(),
             shards_per_gpu: m.memory_slices,
-        };
+        }
+    }
+
+    pub(super) fn gpu(key: &str, index: u32, mode: GpuMode) -> GpuSlices {
+        let m: &GpuModel = model(key).unwrap();
+        let minor = index + 100;
+        let id = identity(m, index, minor, format!("GPU-00000000-0000-0000-0000-{index:012}"));
         let counter_set = (mode == GpuMode::Dynamic)
             .then(|| (counters::counter_set_name(minor), counters::CounterSet::for_model(m).capacity().clone()));
         GpuSlices {

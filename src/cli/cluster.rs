@@ -1,0 +1,247 @@
+//! `migdra usage` and `migdra why`, also `kubectl migdra …` (the binary linked as
+//! `kubectl-migdra` on the PATH): the whole cluster's migdra GPUs, and why a pod is pending,
+//! read from the API server through the user's kubeconfig. Read only.
+
+use super::{CliError, CliResult, Format, Global, output, serve};
+use crate::cluster::model::Cluster;
+use crate::cluster::{usage, why};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, ListParams};
+use std::io::Write;
+use std::time::Duration;
+
+/// How long the reads may take together before the command gives up.
+const BUDGET: Duration = Duration::from_secs(20);
+
+#[derive(Debug, clap::Args)]
+pub struct WhyArgs {
+    /// The pending pod (NAME or pod/NAME), or a claim (claim/NAME or resourceclaim/NAME)
+    target: String,
+    /// Its namespace [default: the kubeconfig context's, else default]
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+}
+
+/// What the commands read, once.
+struct Snapshot {
+    server: String,
+    namespace: String,
+    slices: Vec<ResourceSlice>,
+    claims: Vec<ResourceClaim>,
+    classes: Vec<DeviceClass>,
+}
+
+pub fn usage(global: &Global, out: &mut dyn Write) -> CliResult {
+    let (snap, _) = read(global, None, None)?;
+    let cluster = Cluster::build(&global.node.driver_name, &snap.slices, &snap.claims);
+    if cluster.nodes.is_empty() {
+        return Err(no_nodes(&global.node.driver_name, &snap.server));
+    }
+    let u = usage::usage(&cluster);
+    match global.output {
+        Format::Json | Format::Yaml => output::data(out, global.output, &u)?,
+        Format::Table => picture(&u, out)?,
+    }
+    Ok(())
+}
+
+pub fn why(args: &WhyArgs, global: &Global, out: &mut dyn Write) -> CliResult {
+    let (kind, name) = match args.target.split_once('/') {
+        Some(("pod" | "pods" | "po", n)) => (Kind::Pod, n),
+        Some(("claim" | "resourceclaim" | "resourceclaims", n)) => (Kind::Claim, n),
+        Some((k, _)) => {
+            return Err(CliError::Usage(format!(
+                "{:?}: unknown kind {k:?}; give a pod (NAME or pod/NAME) or a claim (claim/NAME)",
+                args.target
+            )));
+        }
+        None => (Kind::Pod, args.target.as_str()),
+    };
+    if name.is_empty() {
+        return Err(CliError::Usage(format!("{:?}: the name is empty", args.target)));
+    }
+    let want = (kind == Kind::Pod).then_some(name);
+    let (snap, pod) = read(global, args.namespace.as_deref(), want)?;
+    let driver = &global.node.driver_name;
+    let ns = &snap.namespace;
+    let find = |claim: &str| {
+        snap.claims
+            .iter()
+            .find(|c| c.metadata.namespace.as_deref() == Some(ns) && c.metadata.name.as_deref() == Some(claim))
+    };
+    let slots: Vec<why::ClaimSlot<'_>> = match &pod {
+        Some(pod) => {
+            let mut slots = pod_claims(pod, &find);
+            slots.extend(why::extended_claim(pod, &snap.classes).map(|c| why::ClaimSlot::Extended(Box::new(c))));
+            slots
+        }
+        None => vec![why::ClaimSlot::Found(
+            find(name).ok_or_else(|| CliError::Usage(format!("claim {ns}/{name} not found")))?,
+        )],
+    };
+    let target = match &pod {
+        Some(_) => format!("pod {ns}/{name}"),
+        None => format!("claim {ns}/{name}"),
+    };
+    if slots.is_empty() {
+        return Err(CliError::Usage(format!("{target} has no resource claims")));
+    }
+    let mine: Vec<why::ClaimSlot<'_>> = slots
+        .into_iter()
+        .filter(|s| match s {
+            why::ClaimSlot::Found(c) => why::is_for_driver(driver, c, &snap.classes),
+            why::ClaimSlot::Extended(c) => why::is_for_driver(driver, c, &snap.classes),
+            why::ClaimSlot::Missing { .. } => true,
+        })
+        .collect();
+    if mine.is_empty() {
+        return Err(CliError::Usage(format!("{target} has no claim for {driver} devices")));
+    }
+    let cluster = Cluster::build(driver, &snap.slices, &snap.claims);
+    if cluster.nodes.is_empty() {
+        return Err(no_nodes(driver, &snap.server));
+    }
+    let w = why::why(&cluster, pod.as_ref(), &mine, &snap.classes);
+    match global.output {
+        Format::Json | Format::Yaml => output::data(out, global.output, &w)?,
+        Format::Table => {
+            for line in why::text(&w) {
+                writeln!(out, "{line}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Pod,
+    Claim,
+}
+
+/// The pod's claims in its spec's order: the claim named directly, or the one its template made
+/// (from the pod's status; missing until the controller has made it); then the claim the scheduler
+/// made for its extended resources, once made.
+fn pod_claims<'a>(pod: &Pod, find: &dyn Fn(&str) -> Option<&'a ResourceClaim>) -> Vec<why::ClaimSlot<'a>> {
+    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    let extended = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|e| e.resource_claim_name.as_str());
+    let spec = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+    spec.into_iter()
+        .flatten()
+        .map(|rc| {
+            let made =
+                statuses.and_then(|s| s.iter().find(|s| s.name == rc.name)).and_then(|s| s.resource_claim_name.clone());
+            let name = rc.resource_claim_name.clone().or(made);
+            match name.as_deref().and_then(find) {
+                Some(c) => why::ClaimSlot::Found(c),
+                None => why::ClaimSlot::Missing {
+                    name: name.unwrap_or_else(|| format!("(pod claim {})", rc.name)),
+                    template: rc.resource_claim_template_name.clone(),
+                },
+            }
+        })
+        .chain(extended.and_then(find).map(why::ClaimSlot::Found))
+        .collect()
+}
+
+fn no_nodes(driver: &str, server: &str) -> CliError {
+    CliError::Failed(format!(
+        "no node publishes {driver} devices at {server}: is migdra installed, and are its DaemonSet's pods Ready?"
+    ))
+}
+
+/// Slices, claims and classes (and the pod, when asked) from the API server, read concurrently.
+fn read(global: &Global, namespace: Option<&str>, pod: Option<&str>) -> Result<(Snapshot, Option<Pod>), CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(format!("failed to start the runtime: {e}")))?;
+    runtime.block_on(async {
+        let kubeconfig = match &global.node.kubeconfig {
+            Some(path) => Some((path.as_path(), serve::read_kubeconfig(path)?)),
+            None => None,
+        };
+        let (client, server) = serve::kube_client(kubeconfig).await?;
+        let namespace = namespace.map_or_else(|| client.default_namespace().to_string(), str::to_string);
+        let failed = |what: &str, e: kube::Error| {
+            CliError::Failed(format!("failed to read {what} from {server}: {}", crate::kube::error_text(&e)))
+        };
+        let all = ListParams::default();
+        let (slices_api, claims_api) =
+            (Api::<ResourceSlice>::all(client.clone()), Api::<ResourceClaim>::all(client.clone()));
+        let classes_api = Api::<DeviceClass>::all(client.clone());
+        let reads = async {
+            let (slices, claims, classes, pod) =
+                tokio::join!(slices_api.list(&all), claims_api.list(&all), classes_api.list(&all), async {
+                    match pod {
+                        Some(name) => Api::<Pod>::namespaced(client.clone(), &namespace).get_opt(name).await.map(Some),
+                        None => Ok(None),
+                    }
+                },);
+            (slices, claims, classes, pod)
+        };
+        let (slices, claims, classes, found) = tokio::time::timeout(BUDGET, reads).await.map_err(|_| {
+            CliError::Failed(format!("the API server at {server} did not answer in {}s", BUDGET.as_secs()))
+        })?;
+        let slices = slices.map_err(|e| failed("ResourceSlices", e))?.items;
+        let claims = claims.map_err(|e| failed("ResourceClaims", e))?.items;
+        let classes = classes.map_err(|e| failed("DeviceClasses", e))?.items;
+        let pod = match (pod, found.map_err(|e| failed("the pod", e))?) {
+            (Some(name), Some(None)) => return Err(CliError::Usage(format!("pod {namespace}/{name} not found"))),
+            (_, found) => found.flatten(),
+        };
+        Ok((Snapshot { server, namespace, slices, claims, classes }, pod))
+    })
+}
+
+/// Per node, per GPU: a header, the slice numbers, one letter per slice (`.` free) and a legend
+/// line per claim; then per profile what is in use and what could be allocated now.
+fn picture(u: &usage::Usage, out: &mut dyn Write) -> std::io::Result<()> {
+    let num = |v: Option<i64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+    for n in &u.nodes {
+        writeln!(out, "NODE {}", n.node)?;
+        for g in &n.gpus {
+            let mut marks = String::new();
+            if g.lost {
+                marks.push_str("  LOST");
+            }
+            if !g.taints.is_empty() {
+                marks.push_str(&format!("  TAINTED {}", g.taints.join(", ")));
+            }
+            let mig = if g.mig { "" } else { "  MIG off (one whole GPU)" };
+            writeln!(
+                out,
+                "  GPU {}  slurm {}  minor {}  {}  {}{mig}{marks}",
+                num(g.index),
+                num(g.slurm_gpu_index),
+                num(g.minor),
+                g.product,
+                g.uuid
+            )?;
+            let numbers: String = (0..g.memory_slices).map(|s| format!("{s:>2}")).collect();
+            let cells: String = g.slices.chars().map(|c| format!("{c:>2}")).collect();
+            writeln!(out, "    slice{numbers}")?;
+            writeln!(out, "         {cells}")?;
+            for h in &g.holders {
+                let at = match (h.placement_start, h.placement_size) {
+                    (Some(s), Some(n)) => format!(" at {s}:{n}"),
+                    _ => String::new(),
+                };
+                let pod = h.pod.as_deref().map_or_else(|| "(no pod)".to_string(), |p| format!("{}/{p}", h.namespace));
+                writeln!(out, "    {}  {pod}  claim {}  {}{at}  {}", h.letter, h.claim, h.profile, h.device)?;
+            }
+        }
+    }
+    writeln!(out)?;
+    let rows: Vec<Vec<String>> = u
+        .profiles
+        .iter()
+        .map(|p| vec![p.profile.clone(), p.in_use.to_string(), p.free.to_string(), p.free_nodes.to_string()])
+        .collect();
+    output::table(out, &["PROFILE", "IN USE", "FREE NOW", "ON NODES"], &rows)
+}

@@ -1,0 +1,12 @@
+//! The whole cluster's migdra devices, read from the API server's objects: what `usage` draws and
+//! what `why` explains. Pure: the objects are read at the CLI's edge.
+//!
+//! - [`model`]: pools, GPUs and devices, the claims holding them, and the shared counters left.
+//! - [`cel`]: the CEL selectors operators write, evaluated exactly or said to be unsupported.
+//! - [`usage`]: per GPU who holds which memory slice; per profile what is free now.
+//! - [`why`]: per request of a pending claim, what keeps each GPU from it.
+
+pub mod cel;
+pub mod model;
+pub mod usage;
+pub mod why;

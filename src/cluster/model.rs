@@ -1,0 +1,441 @@
+//! The cluster's migdra devices as the scheduler sees them: the newest generation of each pool's
+//! ResourceSlices, the claims allocated from them, and what those allocations consume of each
+//! GPU's shared counters. A device is free exactly when the scheduler could allocate it now: it
+//! is not allocated itself and every counter it consumes has that much left. That is the counter
+//! model `tests/library/counter_proof.rs` proves equal to what NVML can create.
+
+use k8s_openapi::api::resource::v1::{Device as ApiDevice, DeviceTaint, ResourceClaim, ResourceSlice};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Counter amounts in base units, by counter name.
+pub type Amounts = BTreeMap<String, u128>;
+
+/// A claim by namespace and name, and the pod it is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct Holder {
+    pub namespace: String,
+    pub claim: String,
+    /// The pod the claim is reserved for (its owner while not reserved), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    pub request: String,
+}
+
+impl Holder {
+    /// `namespace/pod`, or `namespace/claim` for a claim no pod holds.
+    pub fn who(&self) -> String {
+        format!("{}/{}", self.namespace, self.pod.as_deref().unwrap_or(&self.claim))
+    }
+}
+
+/// One published device.
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub api: ApiDevice,
+    pub profile: Option<String>,
+    /// Memory slices `(start, size)`; `None` for a whole GPU.
+    pub placement: Option<(u32, u32)>,
+    /// What it consumes, by counter set.
+    pub consumes: BTreeMap<String, Amounts>,
+    pub holder: Option<Holder>,
+}
+
+impl Device {
+    pub fn name(&self) -> &str {
+        &self.api.name
+    }
+
+    /// Taints that keep new claims off it (effect `None` only informs).
+    pub fn taints(&self) -> impl Iterator<Item = &DeviceTaint> {
+        self.api.taints.iter().flatten().filter(|t| t.effect != "None")
+    }
+}
+
+/// One physical GPU and its devices, in published order.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub uuid: String,
+    pub index: Option<i64>,
+    pub minor: Option<i64>,
+    pub slurm_index: Option<i64>,
+    pub product: String,
+    /// Whether its devices are MIG partitions or instances (else one whole GPU).
+    pub mig: bool,
+    pub memory_slices: u32,
+    pub devices: Vec<Device>,
+}
+
+impl Gpu {
+    /// `GPU 0 (slurm 0)`: how the outputs name it.
+    pub fn label(&self) -> String {
+        let n = |v: Option<i64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+        format!("GPU {} (slurm {})", n(self.index), n(self.slurm_index))
+    }
+
+    /// Every distinct taint on its devices, as `key=value:effect`.
+    pub fn taints(&self) -> Vec<String> {
+        let set: BTreeSet<String> = self.devices.iter().flat_map(|d| d.taints().map(taint_text)).collect();
+        set.into_iter().collect()
+    }
+
+    /// Whether migdra marked it fallen off the bus.
+    pub fn lost(&self, driver: &str) -> bool {
+        let key = format!("{driver}/gpu-lost");
+        self.devices.iter().any(|d| d.taints().any(|t| t.key == key))
+    }
+
+    /// Per memory slice, the holder of the device covering it (a held whole GPU covers all).
+    pub fn slice_holders(&self) -> Vec<Option<&Holder>> {
+        let mut cells = vec![None; self.memory_slices.max(1) as usize];
+        for d in &self.devices {
+            let Some(h) = &d.holder else { continue };
+            let (start, size) = d.placement.unwrap_or((0, self.memory_slices.max(1)));
+            for c in cells.iter_mut().skip(start as usize).take(size as usize) {
+                *c = Some(h);
+            }
+        }
+        cells
+    }
+}
+
+/// One node's pool.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub name: String,
+    pub gpus: Vec<Gpu>,
+    /// Each counter set's capacity.
+    pub capacity: BTreeMap<String, Amounts>,
+    /// What the allocated devices consume of each set together.
+    pub used: BTreeMap<String, Amounts>,
+}
+
+impl Node {
+    /// What of `counter` in `set` is left.
+    pub fn left(&self, set: &str, counter: &str) -> u128 {
+        let cap = self.capacity.get(set).and_then(|c| c.get(counter)).copied().unwrap_or(0);
+        let used = self.used.get(set).and_then(|c| c.get(counter)).copied().unwrap_or(0);
+        cap.saturating_sub(used)
+    }
+
+    /// Whether the scheduler could allocate `d` now, with `extra` consumed on top (for a request
+    /// of several devices), taints aside.
+    pub fn fits(&self, d: &Device, extra: &BTreeMap<String, Amounts>) -> bool {
+        d.holder.is_none()
+            && d.consumes.iter().all(|(set, amounts)| {
+                amounts.iter().all(|(c, &need)| {
+                    let more = extra.get(set).and_then(|e| e.get(c)).copied().unwrap_or(0);
+                    self.left(set, c) >= need + more
+                })
+            })
+    }
+
+    /// The holders keeping `d` from being allocated: its own, and those of every device consuming
+    /// a counter `d` needs more of than is left.
+    pub fn blockers(&self, gpu: &Gpu, d: &Device) -> BTreeSet<Holder> {
+        let mut out: BTreeSet<Holder> = d.holder.iter().cloned().collect();
+        for (set, amounts) in &d.consumes {
+            for (c, &need) in amounts {
+                if self.left(set, c) >= need {
+                    continue;
+                }
+                for other in gpu.devices.iter().filter(|o| o.holder.is_some()) {
+                    if other.consumes.get(set).and_then(|a| a.get(c)).is_some_and(|&v| v > 0) {
+                        out.extend(other.holder.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Every migdra node, by name.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub driver: String,
+    pub nodes: Vec<Node>,
+}
+
+impl Cluster {
+    /// The pools of `driver` in `slices` (newest generation only, as the scheduler reads them),
+    /// with the allocations of `claims` on them.
+    pub fn build(driver: &str, slices: &[ResourceSlice], claims: &[ResourceClaim]) -> Self {
+        let mine: Vec<&ResourceSlice> = slices.iter().filter(|s| s.spec.driver == driver).collect();
+        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in &mine {
+            let g = newest.entry(s.spec.pool.name.as_str()).or_insert(s.spec.pool.generation);
+            *g = (*g).max(s.spec.pool.generation);
+        }
+        let holders = holders(driver, claims);
+        let mut nodes = Vec::new();
+        for (pool, generation) in newest {
+            let current = || mine.iter().filter(|s| s.spec.pool.name == pool && s.spec.pool.generation == generation);
+            let mut capacity = BTreeMap::new();
+            for set in current().flat_map(|s| s.spec.shared_counters.iter().flatten()) {
+                capacity.insert(set.name.clone(), amounts(set.counters.iter().map(|(k, v)| (k, &v.value.0))));
+            }
+            let mut gpus: Vec<Gpu> = Vec::new();
+            for api in current().flat_map(|s| s.spec.devices.iter().flatten()) {
+                let holder = holders.get(&(pool.to_string(), api.name.clone())).cloned();
+                let (device, gpu) = device(driver, api.clone(), holder);
+                match gpus.iter_mut().find(|g| g.uuid == gpu.uuid) {
+                    Some(g) => {
+                        g.memory_slices = g.memory_slices.max(gpu.memory_slices);
+                        g.devices.push(device);
+                    }
+                    None => gpus.push(Gpu { devices: vec![device], ..gpu }),
+                }
+            }
+            gpus.sort_by_key(|g| (g.index.unwrap_or(i64::MAX), g.uuid.clone()));
+            let mut used: BTreeMap<String, Amounts> = BTreeMap::new();
+            for d in gpus.iter().flat_map(|g| &g.devices).filter(|d| d.holder.is_some()) {
+                for (set, a) in &d.consumes {
+                    let u = used.entry(set.clone()).or_default();
+                    for (c, v) in a {
+                        *u.entry(c.clone()).or_default() += v;
+                    }
+                }
+            }
+            nodes.push(Node { name: pool.to_string(), gpus, capacity, used });
+        }
+        Self { driver: driver.to_string(), nodes }
+    }
+
+    /// Every profile any node publishes, sorted.
+    pub fn profiles(&self) -> BTreeSet<&str> {
+        self.devices().filter_map(|(_, _, d)| d.profile.as_deref()).collect()
+    }
+
+    /// Every device with its node and GPU.
+    pub fn devices(&self) -> impl Iterator<Item = (&Node, &Gpu, &Device)> {
+        self.nodes.iter().flat_map(|n| n.gpus.iter().flat_map(move |g| g.devices.iter().map(move |d| (n, g, d))))
+    }
+}
+
+/// `key=value:effect`.
+pub fn taint_text(t: &DeviceTaint) -> String {
+    match &t.value {
+        Some(v) => format!("{}={v}:{}", t.key, t.effect),
+        None => format!("{}:{}", t.key, t.effect),
+    }
+}
+
+/// (pool, device) → the claim holding it; admin access consumes nothing and is left out.
+fn holders(driver: &str, claims: &[ResourceClaim]) -> BTreeMap<(String, String), Holder> {
+    let mut out = BTreeMap::new();
+    for c in claims {
+        let status = c.status.as_ref();
+        let results = status.and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+        let pod = status
+            .and_then(|s| s.reserved_for.as_ref())
+            .and_then(|r| r.iter().find(|r| r.resource == "pods"))
+            .map(|r| r.name.clone())
+            .or_else(|| c.metadata.owner_references.iter().flatten().find(|o| o.kind == "Pod").map(|o| o.name.clone()));
+        for r in results.iter().flat_map(|d| d.results.iter().flatten()) {
+            if r.driver != driver || r.admin_access == Some(true) {
+                continue;
+            }
+            let holder = Holder {
+                namespace: c.metadata.namespace.clone().unwrap_or_default(),
+                claim: c.metadata.name.clone().unwrap_or_default(),
+                pod: pod.clone(),
+                request: r.request.clone(),
+            };
+            out.insert((r.pool.clone(), r.device.clone()), holder);
+        }
+    }
+    out
+}
+
+/// Counter amounts read from quantities; one migdra never writes counts as zero, so the scheduler
+/// would refuse it too.
+fn amounts<'a>(counters: impl Iterator<Item = (&'a String, &'a String)>) -> Amounts {
+    counters
+        .map(|(k, v)| (k.clone(), v.parse::<crate::mig::devices::Quantity>().map_or(u128::MAX, |q| q.base())))
+        .collect()
+}
+
+/// The device, and the GPU it belongs to as far as this device tells.
+fn device(driver: &str, api: ApiDevice, holder: Option<Holder>) -> (Device, Gpu) {
+    let attr = |name: &str| {
+        let attrs = api.attributes.as_ref()?;
+        attrs.get(name).or_else(|| attrs.get(&format!("{driver}/{name}")))
+    };
+    let int = |name: &str| attr(name).and_then(|a| a.int);
+    let text = |name: &str| attr(name).and_then(|a| a.string.clone());
+    let mig = text("type").as_deref() == Some("mig");
+    let uuid = if mig { text("parentUUID") } else { text("uuid") }.unwrap_or_else(|| api.name.clone());
+    let placement = match (int("placementStart"), int("placementSize")) {
+        (Some(s), Some(n)) if mig => Some((s as u32, n as u32)),
+        _ => None,
+    };
+    let memory_slices = placement.map_or_else(|| int("memorySlices").unwrap_or(1) as u32, |(s, n)| s + n);
+    let gpu = Gpu {
+        uuid,
+        index: int("index"),
+        minor: int("minor"),
+        slurm_index: int("slurmGpuIndex"),
+        product: text("productName").unwrap_or_default(),
+        mig,
+        memory_slices,
+        devices: Vec::new(),
+    };
+    let consumes = api
+        .consumes_counters
+        .iter()
+        .flatten()
+        .map(|c| (c.counter_set.clone(), amounts(c.counters.iter().map(|(k, v)| (k, &v.value.0)))))
+        .collect();
+    let profile = if mig { text("profile") } else { None };
+    (Device { api, profile, placement, consumes, holder }, gpu)
+}
+
+/// Test fixtures: what migdra publishes for H100 nodes, and claims allocated from it.
+#[cfg(test)]
+pub(super) mod fixture {
+    use crate::kube::slices::{self, GpuSlices, Layout};
+    use crate::mig::catalog::model;
+    use crate::mig::counters::{self, CounterSet};
+    use crate::mig::devices::{GpuMode, gpu_devices};
+    use k8s_openapi::api::resource::v1 as api;
+
+    pub const DRIVER: &str = "mig.slinky.slurm.net";
+
+    /// The slices of a node with `gpus` dynamic H100-80GB (Slurm index = NVML index).
+    pub fn node(name: &str, gpus: u32) -> Vec<api::ResourceSlice> {
+        let m = model("h100-80gb").expect("h100-80gb in the catalog");
+        let gpus: Vec<GpuSlices> = (0..gpus)
+            .map(|index| {
+                let id = slices::tests::identity(m, index, index, format!("GPU-{name}-{index}"));
+                let all = crate::mig::allowlist::Allowlist::all();
+                GpuSlices {
+                    minor: index,
+                    counter_set: Some((counters::counter_set_name(index), CounterSet::for_model(m).capacity().clone())),
+                    devices: gpu_devices(
+                        m,
+                        &id,
+                        GpuMode::Dynamic,
+                        false,
+                        &[],
+                        crate::mig::naming::NameStyle::Minor,
+                        &all,
+                    ),
+                }
+            })
+            .collect();
+        slices::build(DRIVER, name, None, 1, Layout::Split, &gpus).expect("slices build")
+    }
+
+    /// A claim `ns/name` for `pod`, allocated `device` on `node`.
+    pub fn allocated(name: &str, pod: &str, node: &str, device: &str) -> api::ResourceClaim {
+        let mut c = pending(name, "mig", &[]);
+        c.status = Some(api::ResourceClaimStatus {
+            allocation: Some(api::AllocationResult {
+                devices: Some(api::DeviceAllocationResult {
+                    results: Some(vec![api::DeviceRequestAllocationResult {
+                        driver: DRIVER.into(),
+                        pool: node.into(),
+                        device: device.into(),
+                        request: "gpu".into(),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(vec![api::ResourceClaimConsumerReference {
+                resource: "pods".into(),
+                name: pod.into(),
+                uid: format!("uid-{pod}"),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        c
+    }
+
+    /// A pending claim `default/name` with one request `gpu` of `class` and these selectors.
+    pub fn pending(name: &str, class: &str, selectors: &[&str]) -> api::ResourceClaim {
+        let selectors = selectors
+            .iter()
+            .map(|e| api::DeviceSelector { cel: Some(api::CELDeviceSelector { expression: e.to_string() }) })
+            .collect();
+        api::ResourceClaim {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            spec: Some(api::ResourceClaimSpec {
+                devices: Some(api::DeviceClaim {
+                    requests: Some(vec![api::DeviceRequest {
+                        name: "gpu".into(),
+                        exactly: Some(api::ExactDeviceRequest {
+                            device_class_name: class.into(),
+                            selectors: Some(selectors),
+                            allocation_mode: Some("ExactCount".into()),
+                            count: Some(1),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+            }),
+            status: None,
+        }
+    }
+
+    /// migdra's DeviceClasses for an H100.
+    pub fn classes() -> Vec<api::DeviceClass> {
+        use crate::kube::device_classes as dc;
+        let m = model("h100-80gb").expect("h100-80gb in the catalog");
+        let profiles: Vec<String> = m.profiles.iter().map(|p| p.name.clone()).collect();
+        let classes = dc::classes(DRIVER, &profiles, &dc::Naming::default()).expect("classes");
+        classes.iter().map(dc::device_class).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixture::*;
+    use super::*;
+
+    #[test]
+    fn allocations_consume_their_gpus_counters_only() {
+        let slices = node("node-a", 2);
+        let claims = [allocated("a", "pod-a", "node-a", "gpu-0-mig-3g40gb-9-4")];
+        let c = Cluster::build(DRIVER, &slices, &claims);
+        assert_eq!(c.nodes.len(), 1);
+        let n = &c.nodes[0];
+        assert_eq!(n.gpus.len(), 2);
+        assert_eq!(n.gpus[0].memory_slices, 8);
+        let by_name = |g: usize, name: &str| n.gpus[g].devices.iter().find(|d| d.name() == name).unwrap();
+        let none = BTreeMap::new();
+        // The other 3g.40gb and the 4g.40gb overlap nothing held… except the 4g starts at 0 and
+        // covers 0-3, free: it fits; the 7g covers all and does not.
+        assert!(n.fits(by_name(0, "gpu-0-mig-3g40gb-9-0"), &none));
+        assert!(n.fits(by_name(0, "gpu-0-mig-4g40gb-5-0"), &none));
+        assert!(!n.fits(by_name(0, "gpu-0-mig-7g80gb-0-0"), &none));
+        assert!(!n.fits(by_name(0, "gpu-0-mig-1g10gb-19-5"), &none));
+        assert!(n.fits(by_name(1, "gpu-1-mig-7g80gb-0-0"), &none), "GPU 1 is untouched");
+        let blockers = n.blockers(&n.gpus[0], by_name(0, "gpu-0-mig-7g80gb-0-0"));
+        assert_eq!(blockers.iter().map(|h| h.claim.as_str()).collect::<Vec<_>>(), ["a"]);
+        let cells: String = n.gpus[0].slice_holders().iter().map(|h| if h.is_some() { 'x' } else { '.' }).collect();
+        assert_eq!(cells, "....xxxx");
+    }
+
+    #[test]
+    fn only_the_newest_generation_of_a_pool_counts() {
+        let mut old = node("node-a", 1);
+        let new = node("node-a", 2);
+        for s in &mut old {
+            s.spec.pool.generation = 0;
+            s.metadata.name = Some(format!("old-{}", s.metadata.name.clone().unwrap_or_default()));
+        }
+        let all: Vec<_> = old.into_iter().chain(new).collect();
+        let c = Cluster::build(DRIVER, &all, &[]);
+        assert_eq!(c.nodes[0].gpus.len(), 2);
+        assert_eq!(c.nodes[0].gpus[0].devices.len(), c.nodes[0].gpus[1].devices.len());
+    }
+}

@@ -1,0 +1,776 @@
+//! `kubectl migdra why POD`: for each request of each of the pod's claims, which devices match,
+//! and for each GPU with a matching device why the scheduler cannot give it now: counters held
+//! by other claims (which ones), free memory slices that are not contiguous (which claim to move),
+//! a device taint, a Slurm pin on a full GPU, or selectors that match nothing. The model is the
+//! one the scheduler applies to migdra's slices ([`super::model`]); a selector this module cannot
+//! evaluate exactly is said to be so ([`super::cel`]), never guessed.
+
+use super::cel::{DeviceInput, Selector, Verdict};
+use super::model::{Amounts, Cluster, Device, Gpu, Holder, Node, taint_text};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaint, DeviceToleration, ResourceClaim};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The attribute slurm-bridge pins a claim to Slurm's GPU with.
+pub const SLURM_PIN: &str = "slurmGpuIndex";
+
+/// One of the pod's claims: found, the one the scheduler will make for its extended resources,
+/// or not created yet from its template.
+pub enum ClaimSlot<'a> {
+    Found(&'a ResourceClaim),
+    Extended(Box<ResourceClaim>),
+    Missing { name: String, template: Option<String> },
+}
+
+/// The claim the scheduler makes at binding for a pod's extended resources that a DeviceClass
+/// names (`nvidia.com/mig-1g.10gb`, or `deviceclass.resource.kubernetes.io/<class>`): one request
+/// per container and resource, as many devices as its limit (its request where no limit is set).
+/// `None` when the pod asks for none, or when the scheduler already made it.
+pub fn extended_claim(pod: &Pod, classes: &[DeviceClass]) -> Option<ResourceClaim> {
+    use k8s_openapi::api::resource::v1 as api;
+    if pod.status.as_ref().is_some_and(|s| s.extended_resource_claim_status.is_some()) {
+        return None;
+    }
+    let class_for = |resource: &str| {
+        classes.iter().find(|c| {
+            let name = c.metadata.name.as_deref().unwrap_or("");
+            c.spec.as_ref().and_then(|s| s.extended_resource_name.as_deref()) == Some(resource)
+                || resource.strip_prefix("deviceclass.resource.kubernetes.io/") == Some(name)
+        })
+    };
+    let spec = pod.spec.as_ref()?;
+    let mut requests = Vec::new();
+    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let res = c.resources.as_ref();
+        let amounts = res.and_then(|r| r.limits.as_ref()).or_else(|| res.and_then(|r| r.requests.as_ref()));
+        for (resource, q) in amounts.into_iter().flatten() {
+            let Some(class) = class_for(resource) else { continue };
+            let count = q.0.parse::<i64>().unwrap_or(1);
+            requests.push(api::DeviceRequest {
+                name: format!("{}-{}", c.name, resource.rsplit('/').next().unwrap_or(resource)),
+                exactly: Some(api::ExactDeviceRequest {
+                    device_class_name: class.metadata.name.clone().unwrap_or_default(),
+                    count: Some(count),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    (!requests.is_empty()).then(|| api::ResourceClaim {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("(extended resources)".into()),
+            namespace: pod.metadata.namespace.clone(),
+            ..Default::default()
+        },
+        spec: Some(api::ResourceClaimSpec {
+            devices: Some(api::DeviceClaim { requests: Some(requests), ..Default::default() }),
+        }),
+        status: None,
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub struct Why {
+    /// `namespace/name`; absent when asked about a claim.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The scheduler's own message, when it left one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<String>,
+    pub claims: Vec<ClaimWhy>,
+    /// What this answer does not look at.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClaimWhy {
+    pub claim: String,
+    /// `node/device` for each allocated device; empty while pending.
+    pub allocated: Vec<String>,
+    pub requests: Vec<RequestWhy>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestWhy {
+    pub request: String,
+    pub class: String,
+    pub selectors: Vec<String>,
+    /// `1`, `2`, … or `all`.
+    pub count: String,
+    pub matching_devices: usize,
+    pub matching_nodes: usize,
+    /// Where it could be allocated now.
+    pub fits: Vec<Place>,
+    pub reasons: Vec<Reason>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Place {
+    pub node: String,
+    pub gpu: String,
+    pub device: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Reason {
+    /// The DeviceClass does not exist.
+    ClassMissing { class: String },
+    /// The selectors ask for a profile no node publishes.
+    NotPublished { profile: String, published: Vec<String> },
+    /// The selectors pin a Slurm GPU index no GPU has.
+    NoSlurmGpu { index: String },
+    /// The selectors match no published device.
+    NoMatch,
+    /// Selectors outside what this tool evaluates: the answer is not exact.
+    Unevaluable { why: Vec<String> },
+    /// A selector fails on a device, which makes the scheduler abort the allocation.
+    SelectorError { device: String, error: String },
+    /// The GPU fell off the bus.
+    Lost { node: String, gpu: String },
+    /// A matching device is free but tainted, and the request does not tolerate it.
+    Tainted { node: String, gpu: String, taints: Vec<String> },
+    /// Its memory slices are held by these claims.
+    Full { node: String, gpu: String, held_by: Vec<Holder> },
+    /// Enough memory slices are free, but not where a placement of the profile fits: moving
+    /// these claims frees `frees`.
+    #[serde(rename_all = "camelCase")]
+    Fragmented { node: String, gpu: String, free_slices: Vec<u32>, needs: u32, move_claims: Vec<Holder>, frees: String },
+    /// The request is pinned to the GPU with this Slurm index; without the pin it would fit here.
+    SlurmPin { index: String, elsewhere: Vec<Place> },
+    /// Only this many of the devices the request needs fit on one node at once.
+    TooFew { node: String, fit: usize, needs: usize },
+}
+
+/// The explanation for a pod's claims, or for one claim (`pod` absent).
+pub fn why(cluster: &Cluster, pod: Option<&Pod>, claims: &[ClaimSlot<'_>], classes: &[DeviceClass]) -> Why {
+    let mut notes = Vec::new();
+    let spec = pod.and_then(|p| p.spec.as_ref());
+    if spec.is_some_and(|s| s.node_selector.is_some() || s.affinity.is_some()) {
+        notes.push("the pod's nodeSelector and affinity also narrow its nodes; they are not evaluated here".into());
+    }
+    let scheduler = pod
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
+        .and_then(|c| c.message.clone());
+    let claims = claims.iter().map(|slot| claim_why(cluster, slot, classes)).collect();
+    let pod = pod.map(|p| {
+        format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
+    });
+    Why { pod, scheduler, claims, notes }
+}
+
+/// Whether a claim asks for (or holds) devices of `driver`: its allocation names the driver, or a
+/// selector of one of its requests or of their classes names it. A class that does not exist
+/// counts, so that its absence is explained.
+pub fn is_for_driver(driver: &str, claim: &ResourceClaim, classes: &[DeviceClass]) -> bool {
+    let allocated = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .is_some_and(|d| d.results.iter().flatten().any(|r| r.driver == driver));
+    allocated
+        || requests(claim).iter().any(|r| match classes.iter().find(|c| c.metadata.name.as_deref() == Some(r.class)) {
+            None => true,
+            Some(c) => expressions(c, r)
+                .iter()
+                .any(|e| e.contains(&format!("\"{driver}\"")) || e.contains(&format!("'{driver}'"))),
+        })
+}
+
+/// A request or sub-request, flattened.
+struct Request<'a> {
+    name: String,
+    class: &'a str,
+    selectors: Vec<&'a str>,
+    mode_all: bool,
+    count: usize,
+    tolerations: &'a [DeviceToleration],
+}
+
+fn requests(claim: &ResourceClaim) -> Vec<Request<'_>> {
+    let mut out = Vec::new();
+    let all = claim.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.requests.as_ref());
+    for r in all.into_iter().flatten() {
+        if let Some(e) = &r.exactly {
+            out.push(Request {
+                name: r.name.clone(),
+                class: &e.device_class_name,
+                selectors: sel_exprs(&e.selectors),
+                mode_all: e.allocation_mode.as_deref() == Some("All"),
+                count: e.count.unwrap_or(1).max(1) as usize,
+                tolerations: e.tolerations.as_deref().unwrap_or_default(),
+            });
+        }
+        for s in r.first_available.iter().flatten() {
+            out.push(Request {
+                name: format!("{}/{}", r.name, s.name),
+                class: &s.device_class_name,
+                selectors: sel_exprs(&s.selectors),
+                mode_all: s.allocation_mode.as_deref() == Some("All"),
+                count: s.count.unwrap_or(1).max(1) as usize,
+                tolerations: s.tolerations.as_deref().unwrap_or_default(),
+            });
+        }
+    }
+    out
+}
+
+fn sel_exprs(s: &Option<Vec<k8s_openapi::api::resource::v1::DeviceSelector>>) -> Vec<&str> {
+    s.iter().flatten().filter_map(|s| s.cel.as_ref()).map(|c| c.expression.as_str()).collect()
+}
+
+/// The class's selectors, then the request's.
+fn expressions<'a>(class: &'a DeviceClass, r: &Request<'a>) -> Vec<&'a str> {
+    let mut all = sel_exprs(class.spec.as_ref().map_or(&None, |s| &s.selectors));
+    all.extend(r.selectors.iter().copied());
+    all
+}
+
+fn claim_why(cluster: &Cluster, slot: &ClaimSlot<'_>, classes: &[DeviceClass]) -> ClaimWhy {
+    let claim = match slot {
+        ClaimSlot::Found(c) => *c,
+        ClaimSlot::Extended(c) => c,
+        ClaimSlot::Missing { name, template } => {
+            let from = template.as_deref().map_or_else(String::new, |t| format!(" from template {t}"));
+            return ClaimWhy {
+                claim: name.clone(),
+                allocated: Vec::new(),
+                requests: Vec::new(),
+                notes: vec![format!(
+                    "the claim{from} does not exist yet: the resourceclaim controller creates it; if it stays missing, check that the template exists in the pod's namespace"
+                )],
+            };
+        }
+    };
+    let name = format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or(""),
+        claim.metadata.name.as_deref().unwrap_or("")
+    );
+    let allocated: Vec<String> = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .map(|d| d.results.iter().flatten().map(|r| format!("{}/{}", r.pool, r.device)).collect())
+        .unwrap_or_default();
+    let mut notes = Vec::new();
+    if !allocated.is_empty() {
+        notes.push("allocated: the pod waits for something other than this claim's devices".into());
+        return ClaimWhy { claim: name, allocated, requests: Vec::new(), notes };
+    }
+    if claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.devices.as_ref())
+        .and_then(|d| d.constraints.as_ref())
+        .is_some_and(|c| !c.is_empty())
+    {
+        notes.push("the claim's constraints (matchAttribute across requests) are not evaluated here".into());
+    }
+    let requests = requests(claim).iter().map(|r| request_why(cluster, r, classes)).collect();
+    ClaimWhy { claim: name, allocated, requests, notes }
+}
+
+/// (node, gpu, device) positions in the cluster.
+type At = (usize, usize, usize);
+
+fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> RequestWhy {
+    let mut out = RequestWhy {
+        request: r.name.clone(),
+        class: r.class.to_string(),
+        selectors: Vec::new(),
+        count: if r.mode_all { "all".into() } else { r.count.to_string() },
+        matching_devices: 0,
+        matching_nodes: 0,
+        fits: Vec::new(),
+        reasons: Vec::new(),
+    };
+    let Some(class) = classes.iter().find(|c| c.metadata.name.as_deref() == Some(r.class)) else {
+        out.reasons.push(Reason::ClassMissing { class: r.class.to_string() });
+        return out;
+    };
+    let exprs = expressions(class, r);
+    out.selectors = exprs.iter().map(|e| e.to_string()).collect();
+    let selectors: Vec<Selector> = exprs.iter().map(|e| Selector::parse(e)).collect();
+    let scan = scan(cluster, &selectors);
+    if !scan.unknown.is_empty() {
+        out.reasons.push(Reason::Unevaluable { why: scan.unknown.iter().cloned().collect() });
+    }
+    if let Some((device, error)) = scan.error {
+        out.reasons.push(Reason::SelectorError { device, error });
+        return out;
+    }
+    out.matching_devices = scan.matches.len();
+    out.matching_nodes = scan.matches.iter().map(|a| a.0).collect::<BTreeSet<_>>().len();
+    if scan.matches.is_empty() {
+        if scan.unknown.is_empty() {
+            out.reasons.push(nothing_matches(cluster, &selectors));
+        }
+        return out;
+    }
+    let needs = if r.mode_all { scan.matches.len() } else { r.count };
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        let here: Vec<&At> = scan.matches.iter().filter(|a| a.0 == n).collect();
+        if here.is_empty() {
+            continue;
+        }
+        let picked = first_fit(node, here.iter().map(|a| (a.1, a.2)), r.tolerations, needs);
+        if picked.len() >= needs {
+            out.fits.extend(picked.iter().map(|&(g, d)| place(node, g, d)));
+            continue;
+        }
+        if !picked.is_empty() {
+            out.reasons.push(Reason::TooFew { node: node.name.clone(), fit: picked.len(), needs });
+        }
+        let gpus: BTreeSet<usize> = here.iter().map(|a| a.1).collect();
+        for g in gpus {
+            let devices: Vec<&Device> = here.iter().filter(|a| a.1 == g).map(|a| &node.gpus[g].devices[a.2]).collect();
+            out.reasons.extend(gpu_reason(cluster, node, &node.gpus[g], &devices, r.tolerations));
+        }
+    }
+    if out.fits.is_empty()
+        && let Some(index) = selectors.iter().find_map(|s| s.pinned(SLURM_PIN))
+    {
+        let unpinned: Vec<Selector> = selectors.iter().filter_map(|s| s.without_attribute(SLURM_PIN)).collect();
+        let elsewhere = scan_fits(cluster, &unpinned, r.tolerations);
+        out.reasons.push(Reason::SlurmPin { index, elsewhere });
+    }
+    out
+}
+
+struct Scan {
+    matches: Vec<At>,
+    unknown: BTreeSet<String>,
+    error: Option<(String, String)>,
+}
+
+/// Every device against every selector (all must hold).
+fn scan(cluster: &Cluster, selectors: &[Selector]) -> Scan {
+    let mut s = Scan { matches: Vec::new(), unknown: BTreeSet::new(), error: None };
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        for (g, gpu) in node.gpus.iter().enumerate() {
+            for (d, dev) in gpu.devices.iter().enumerate() {
+                let empty = BTreeMap::new();
+                let empty_cap = BTreeMap::new();
+                let input = DeviceInput {
+                    driver: &cluster.driver,
+                    attributes: dev.api.attributes.as_ref().unwrap_or(&empty),
+                    capacity: dev.api.capacity.as_ref().unwrap_or(&empty_cap),
+                };
+                match all(selectors.iter().map(|sel| sel.eval(&input))) {
+                    Verdict::Match => s.matches.push((n, g, d)),
+                    Verdict::NoMatch => {}
+                    Verdict::Unknown(why) => {
+                        s.unknown.insert(why);
+                    }
+                    Verdict::Error(e) => {
+                        s.error.get_or_insert_with(|| (format!("{}/{}", node.name, dev.name()), e));
+                    }
+                }
+            }
+        }
+    }
+    s
+}
+
+/// CEL's `&&` over the selectors: false wins, then unknown, then an error.
+fn all(verdicts: impl Iterator<Item = Verdict>) -> Verdict {
+    let mut worst = Verdict::Match;
+    for v in verdicts {
+        worst = match (worst, v) {
+            (_, Verdict::NoMatch) | (Verdict::NoMatch, _) => return Verdict::NoMatch,
+            (Verdict::Unknown(u), _) | (_, Verdict::Unknown(u)) => Verdict::Unknown(u),
+            (Verdict::Error(e), _) | (_, Verdict::Error(e)) => Verdict::Error(e),
+            _ => Verdict::Match,
+        };
+    }
+    worst
+}
+
+/// Free devices matching `selectors` that the request tolerates, one per GPU, at most three.
+fn scan_fits(cluster: &Cluster, selectors: &[Selector], tolerations: &[DeviceToleration]) -> Vec<Place> {
+    if selectors.is_empty() {
+        return Vec::new();
+    }
+    let s = scan(cluster, selectors);
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for &(n, g, d) in &s.matches {
+        let node = &cluster.nodes[n];
+        let dev = &node.gpus[g].devices[d];
+        if out.len() < 3 && node.fits(dev, &BTreeMap::new()) && tolerated(dev, tolerations) && seen.insert((n, g)) {
+            out.push(place(node, g, d));
+        }
+    }
+    out
+}
+
+/// Why no device matches: a profile nobody publishes, a Slurm index no GPU has, or plainly none.
+fn nothing_matches(cluster: &Cluster, selectors: &[Selector]) -> Reason {
+    let published = cluster.profiles();
+    if let Some(p) = selectors.iter().find_map(|s| s.pinned("profile"))
+        && !published.contains(p.as_str())
+    {
+        return Reason::NotPublished { profile: p, published: published.iter().map(|s| s.to_string()).collect() };
+    }
+    if let Some(k) = selectors.iter().find_map(|s| s.pinned(SLURM_PIN))
+        && !cluster.devices().any(|(_, g, _)| g.slurm_index.map(|i| i.to_string()).as_deref() == Some(k.as_str()))
+    {
+        return Reason::NoSlurmGpu { index: k };
+    }
+    Reason::NoMatch
+}
+
+/// The scheduler's walk on one node: devices in published order, each taken when it fits beside
+/// those taken before.
+fn first_fit(
+    node: &Node,
+    candidates: impl Iterator<Item = (usize, usize)>,
+    tolerations: &[DeviceToleration],
+    needs: usize,
+) -> Vec<(usize, usize)> {
+    let mut extra: BTreeMap<String, Amounts> = BTreeMap::new();
+    let mut picked = Vec::new();
+    for (g, d) in candidates {
+        let dev = &node.gpus[g].devices[d];
+        if picked.len() >= needs || !node.fits(dev, &extra) || !tolerated(dev, tolerations) {
+            continue;
+        }
+        for (set, a) in &dev.consumes {
+            let e = extra.entry(set.clone()).or_default();
+            for (c, v) in a {
+                *e.entry(c.clone()).or_default() += v;
+            }
+        }
+        picked.push((g, d));
+    }
+    picked
+}
+
+/// Why none of `devices` (the GPU's matching ones) can be allocated now.
+fn gpu_reason(
+    cluster: &Cluster,
+    node: &Node,
+    gpu: &Gpu,
+    devices: &[&Device],
+    tolerations: &[DeviceToleration],
+) -> Option<Reason> {
+    let (n, g) = (node.name.clone(), gpu.label());
+    if gpu.lost(&cluster.driver) {
+        return Some(Reason::Lost { node: n, gpu: g });
+    }
+    let none = BTreeMap::new();
+    if devices.iter().any(|d| node.fits(d, &none)) {
+        // Fits but was not picked: a taint keeps it off, or the request needs more devices
+        // than the node holds at once (said by TooFew).
+        let taints: BTreeSet<String> = devices
+            .iter()
+            .filter(|d| node.fits(d, &none))
+            .flat_map(|d| d.taints().filter(|t| !tolerates(tolerations, t)).map(taint_text))
+            .collect();
+        return (!taints.is_empty()).then(|| Reason::Tainted { node: n, gpu: g, taints: taints.into_iter().collect() });
+    }
+    let free: Vec<u32> =
+        gpu.slice_holders().iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i as u32).collect();
+    let best = devices.iter().min_by_key(|d| node.blockers(gpu, d).len())?;
+    let needs = best.placement.map_or(gpu.memory_slices, |p| p.1);
+    let blockers = node.blockers(gpu, best);
+    if free.len() as u32 >= needs && !blockers.is_empty() {
+        return Some(Reason::Fragmented {
+            node: n,
+            gpu: g,
+            free_slices: free,
+            needs,
+            move_claims: blockers.into_iter().collect(),
+            frees: best.name().to_string(),
+        });
+    }
+    let held: BTreeSet<Holder> = gpu.devices.iter().filter_map(|d| d.holder.clone()).collect();
+    Some(Reason::Full { node: n, gpu: g, held_by: held.into_iter().collect() })
+}
+
+fn place(node: &Node, g: usize, d: usize) -> Place {
+    Place { node: node.name.clone(), gpu: node.gpus[g].label(), device: node.gpus[g].devices[d].name().to_string() }
+}
+
+fn tolerated(d: &Device, tolerations: &[DeviceToleration]) -> bool {
+    d.taints().all(|t| tolerates(tolerations, t))
+}
+
+/// Kubernetes' toleration rule: the effect matches (or is empty), and `Exists` matches the key
+/// (an empty key every key) or `Equal` (the default) the key and the value.
+fn tolerates(tolerations: &[DeviceToleration], t: &DeviceTaint) -> bool {
+    tolerations.iter().any(|tol| {
+        let effect = tol.effect.as_deref().is_none_or(|e| e.is_empty() || e == t.effect);
+        let key = tol.key.as_deref().unwrap_or("");
+        let matched = match tol.operator.as_deref() {
+            Some("Exists") => key.is_empty() || key == t.key,
+            _ => key == t.key && tol.value.as_deref().unwrap_or("") == t.value.as_deref().unwrap_or(""),
+        };
+        effect && matched
+    })
+}
+
+/// One short paragraph per request, for people.
+pub fn text(w: &Why) -> Vec<String> {
+    let mut lines: Vec<String> = w.pod.iter().map(|p| format!("pod {p}")).collect();
+    if let Some(m) = &w.scheduler {
+        lines.push(format!("  scheduler: {m}"));
+    }
+    for c in &w.claims {
+        lines.push(format!("claim {}", c.claim));
+        for a in &c.allocated {
+            lines.push(format!("  allocated {a}"));
+        }
+        for n in &c.notes {
+            lines.push(format!("  note: {n}"));
+        }
+        for r in &c.requests {
+            lines.push(format!(
+                "  request {}: class {}, {} device{}; {} matching device{} on {} node{}",
+                r.request,
+                r.class,
+                r.count,
+                if r.count == "1" { "" } else { "s" },
+                r.matching_devices,
+                if r.matching_devices == 1 { "" } else { "s" },
+                r.matching_nodes,
+                if r.matching_nodes == 1 { "" } else { "s" },
+            ));
+            for s in &r.selectors {
+                lines.push(format!("    selector: {s}"));
+            }
+            if !r.fits.is_empty() {
+                let places: Vec<String> = r.fits.iter().map(|p| format!("{} {} {}", p.node, p.gpu, p.device)).collect();
+                lines.push(format!("    fits now: {}", places.join(", ")));
+            }
+            for reason in &r.reasons {
+                lines.push(format!("    {}", reason_text(reason)));
+            }
+        }
+    }
+    for n in &w.notes {
+        lines.push(format!("note: {n}"));
+    }
+    lines
+}
+
+fn holders_text(hs: &[Holder]) -> String {
+    let v: Vec<String> = hs.iter().map(|h| format!("{} (claim {})", h.who(), h.claim)).collect();
+    v.join(", ")
+}
+
+fn reason_text(r: &Reason) -> String {
+    match r {
+        Reason::ClassMissing { class } => format!("DeviceClass {class} does not exist"),
+        Reason::NotPublished { profile, published } => {
+            format!("profile {profile} is published by no node; published: {}", published.join(", "))
+        }
+        Reason::NoSlurmGpu { index } => format!("pinned to Slurm GPU {index}, which no migdra node has"),
+        Reason::NoMatch => "the selectors match no published device".into(),
+        Reason::Unevaluable { why } => {
+            format!("cannot evaluate exactly (not counted as matching): {}", why.join("; "))
+        }
+        Reason::SelectorError { device, error } => {
+            format!("the selectors fail on {device}: {error}; the scheduler aborts the allocation")
+        }
+        Reason::Lost { node, gpu } => format!("{node} {gpu}: lost (fallen off the bus)"),
+        Reason::Tainted { node, gpu, taints } => {
+            format!("{node} {gpu}: free but tainted {}, not tolerated", taints.join(", "))
+        }
+        Reason::Full { node, gpu, held_by } => format!("{node} {gpu}: full, held by {}", holders_text(held_by)),
+        Reason::Fragmented { node, gpu, free_slices, needs, move_claims, frees } => {
+            let free: Vec<String> = free_slices.iter().map(u32::to_string).collect();
+            format!(
+                "{node} {gpu}: fragmented: memory slices {} are free, {needs} needed in one placement; moving {} frees {frees}",
+                free.join(","),
+                holders_text(move_claims)
+            )
+        }
+        Reason::SlurmPin { index, elsewhere } if elsewhere.is_empty() => {
+            format!("pinned to Slurm GPU {index} (slurmGpuIndex); without the pin it would not fit anywhere either")
+        }
+        Reason::SlurmPin { index, elsewhere } => {
+            let places: Vec<String> = elsewhere.iter().map(|p| format!("{} {}", p.node, p.gpu)).collect();
+            format!(
+                "pinned to Slurm GPU {index} (slurmGpuIndex); without the pin it would fit on {}",
+                places.join(", ")
+            )
+        }
+        Reason::TooFew { node, fit, needs } => format!("{node}: only {fit} of the {needs} devices fit at once"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::model::fixture::*;
+    use super::*;
+
+    const PIN0: &str = "device.attributes[\"mig.slinky.slurm.net\"].slurmGpuIndex == 0";
+
+    /// The explanation of `pending` on node-a (2 H100s) with these claims allocated.
+    fn explain(held: &[(&str, &str)], pending: ResourceClaim, taint_gpu1: bool) -> RequestWhy {
+        let mut slices = node("node-a", 2);
+        if taint_gpu1 {
+            for d in slices.iter_mut().flat_map(|s| s.spec.devices.iter_mut().flatten()) {
+                if d.name.starts_with("gpu-1-") {
+                    d.taints = Some(vec![DeviceTaint {
+                        key: "mig.slinky.slurm.net/xid".into(),
+                        value: Some("79".into()),
+                        effect: "NoSchedule".into(),
+                        time_added: None,
+                    }]);
+                }
+            }
+        }
+        let claims: Vec<ResourceClaim> =
+            held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
+        let cluster = Cluster::build(DRIVER, &slices, &claims);
+        let w = why(&cluster, None, &[ClaimSlot::Found(&pending)], &classes());
+        let mut claims = w.claims;
+        assert_eq!(claims.len(), 1);
+        let mut requests = claims.remove(0).requests;
+        assert_eq!(requests.len(), 1);
+        requests.remove(0)
+    }
+
+    fn kinds(r: &RequestWhy) -> Vec<String> {
+        r.reasons.iter().map(|x| format!("{x:?}").split([' ', '{']).next().unwrap_or("").to_string()).collect()
+    }
+
+    #[test]
+    fn fits_now_on_an_empty_node() {
+        let r = explain(&[], pending("p", "mig-3g.40gb", &[]), false);
+        assert!(r.reasons.is_empty(), "{:?}", r.reasons);
+        assert_eq!(r.matching_devices, 4);
+        assert_eq!(r.fits.len(), 1);
+        assert_eq!(r.fits[0].device, "gpu-0-mig-3g40gb-9-0");
+    }
+
+    #[test]
+    fn full_gpus_name_the_claims_holding_them() {
+        let held = [("a", "gpu-0-mig-7g80gb-0-0"), ("b", "gpu-1-mig-7g80gb-0-0")];
+        let r = explain(&held, pending("p", "mig-3g.40gb", &[]), false);
+        assert!(r.fits.is_empty());
+        assert_eq!(kinds(&r), ["Full", "Full"]);
+        let Reason::Full { held_by, gpu, .. } = &r.reasons[1] else { unreachable!() };
+        assert_eq!(gpu, "GPU 1 (slurm 1)");
+        assert_eq!(held_by.iter().map(|h| h.who()).collect::<Vec<_>>(), ["default/pod-b"]);
+    }
+
+    #[test]
+    fn fragmentation_names_the_claim_to_move() {
+        // GPU 0: 1g.10gb on slices 1 and 5: six slices free, no four contiguous for a 3g.40gb.
+        let held = [("s1", "gpu-0-mig-1g10gb-19-1"), ("s5", "gpu-0-mig-1g10gb-19-5"), ("b", "gpu-1-mig-7g80gb-0-0")];
+        let r = explain(&held, pending("p", "mig-3g.40gb", &[]), false);
+        assert_eq!(kinds(&r), ["Fragmented", "Full"]);
+        let Reason::Fragmented { free_slices, needs, move_claims, frees, .. } = &r.reasons[0] else { unreachable!() };
+        assert_eq!(free_slices, &[0, 2, 3, 4, 6, 7]);
+        assert_eq!(*needs, 4);
+        assert_eq!(move_claims.len(), 1);
+        assert_eq!(frees, &format!("gpu-0-mig-3g40gb-9-{}", if move_claims[0].claim == "s1" { 0 } else { 4 }));
+    }
+
+    #[test]
+    fn a_taint_keeps_it_off_unless_tolerated() {
+        let held = [("a", "gpu-0-mig-7g80gb-0-0")];
+        let r = explain(&held, pending("p", "mig-3g.40gb", &[]), true);
+        assert_eq!(kinds(&r), ["Full", "Tainted"]);
+        let Reason::Tainted { taints, .. } = &r.reasons[1] else { unreachable!() };
+        assert_eq!(taints, &["mig.slinky.slurm.net/xid=79:NoSchedule"]);
+        let tolerating = |key: &str| {
+            let mut c = pending("p", "mig-3g.40gb", &[]);
+            let requests = c.spec.as_mut().and_then(|s| s.devices.as_mut()).and_then(|d| d.requests.as_mut());
+            if let Some(e) = requests.and_then(|r| r[0].exactly.as_mut()) {
+                e.tolerations = Some(vec![DeviceToleration {
+                    key: Some(key.into()),
+                    operator: Some("Exists".into()),
+                    ..Default::default()
+                }]);
+            }
+            c
+        };
+        let r = explain(&held, tolerating("mig.slinky.slurm.net/xid"), true);
+        assert_eq!(r.fits.len(), 1, "{:?}", r.reasons);
+        assert!(r.fits[0].device.starts_with("gpu-1-"));
+        let r = explain(&held, tolerating("mig.slinky.slurm.net/gpu-lost"), true);
+        assert_eq!(kinds(&r), ["Full", "Tainted"], "another key's toleration does not help");
+    }
+
+    #[test]
+    fn a_slurm_pin_on_a_full_gpu_says_where_it_would_fit() {
+        let held = [("a", "gpu-0-mig-7g80gb-0-0")];
+        let r = explain(&held, pending("p", "mig-3g.40gb", &[PIN0]), false);
+        assert_eq!(r.matching_devices, 2, "only GPU 0's 3g.40gb placements match the pin");
+        assert_eq!(kinds(&r), ["Full", "SlurmPin"]);
+        let Reason::SlurmPin { index, elsewhere } = &r.reasons[1] else { unreachable!() };
+        assert_eq!(index, "0");
+        assert_eq!(elsewhere.len(), 1);
+        assert_eq!(elsewhere[0].gpu, "GPU 1 (slurm 1)");
+    }
+
+    #[test]
+    fn selectors_that_match_nothing_say_which_part() {
+        let r = explain(
+            &[],
+            pending("p", "mig", &["device.attributes[\"mig.slinky.slurm.net\"].profile == \"5g.60gb\""]),
+            false,
+        );
+        assert_eq!(kinds(&r), ["NotPublished"]);
+        let r = explain(
+            &[],
+            pending("p", "mig-1g.10gb", &["device.attributes[\"mig.slinky.slurm.net\"].slurmGpuIndex == 9"]),
+            false,
+        );
+        assert_eq!(kinds(&r), ["NoSlurmGpu"]);
+        let r = explain(
+            &[],
+            pending("p", "mig", &["device.attributes[\"mig.slinky.slurm.net\"].productName == \"A100\""]),
+            false,
+        );
+        assert_eq!(kinds(&r), ["NoMatch"]);
+        let r = explain(&[], pending("p", "no-such-class", &[]), false);
+        assert_eq!(kinds(&r), ["ClassMissing"]);
+    }
+
+    #[test]
+    fn selectors_it_cannot_evaluate_are_said_so_and_errors_abort() {
+        let r = explain(
+            &[],
+            pending("p", "mig", &["device.attributes[\"mig.slinky.slurm.net\"].profile.matches(\"^3g\")"]),
+            false,
+        );
+        assert_eq!(kinds(&r), ["Unevaluable"]);
+        assert!(r.fits.is_empty(), "never guessed as matching");
+        let r = explain(
+            &[],
+            pending("p", "mig", &["device.attributes[\"mig.slinky.slurm.net\"].noSuchAttribute == 1"]),
+            false,
+        );
+        assert_eq!(kinds(&r), ["SelectorError"]);
+    }
+
+    #[test]
+    fn the_text_is_one_line_per_reason() {
+        let held = [("s1", "gpu-0-mig-1g10gb-19-1"), ("s5", "gpu-0-mig-1g10gb-19-5"), ("b", "gpu-1-mig-7g80gb-0-0")];
+        let slices = node("node-a", 2);
+        let claims: Vec<ResourceClaim> =
+            held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
+        let cluster = Cluster::build(DRIVER, &slices, &claims);
+        let p = pending("p", "mig-3g.40gb", &[]);
+        let text = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes())).join("\n");
+        assert!(
+            text.contains("node-a GPU 0 (slurm 0): fragmented: memory slices 0,2,3,4,6,7 are free, 4 needed"),
+            "{text}"
+        );
+        assert!(text.contains("node-a GPU 1 (slurm 1): full, held by default/pod-b (claim b)"), "{text}");
+    }
+}
