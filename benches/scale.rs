@@ -19,7 +19,9 @@
 //! then a seeded pod mix whose claims come from templates (60 % 1g.10gb, 20 % 2g.20gb, 10 %
 //! 3g.40gb, 10 % 7g.80gb; whole GPUs: one GPU each), all created at once. It prints pods/s,
 //! scheduler CPU per pod (from /proc), p50/p99 time from creation to bound, slice bytes per node,
-//! and each layout's CPU per pod as a ratio to the whole-GPU run.
+//! and each layout's CPU per pod as a ratio to the whole-GPU run. In migdra's default layout it
+//! then times `kubectl migdra usage` and `why` against the full cluster (goal: under 1 s at 200
+//! nodes).
 //!
 //! Run (by hand; not in CI):
 //!   cargo bench --bench scale -- --controlplanes DIR[,DIR] [--nodes 50,100,200] [--pods 300]
@@ -170,6 +172,8 @@ struct Figures {
     p99: Duration,
     slice_bytes: usize,
     fill: f64,
+    /// `kubectl migdra usage` and `why`, each the best of three runs (migdra's default layout).
+    cli: Option<(Duration, Duration)>,
 }
 
 impl Figures {
@@ -201,6 +205,14 @@ fn main() {
                     f.p99.as_millis(),
                     f.slice_bytes / 1000
                 );
+                if let Some((usage, why)) = f.cli {
+                    println!(
+                        "  {} N={n}: kubectl migdra usage {} ms, why {} ms",
+                        f.version,
+                        usage.as_millis(),
+                        why.as_millis()
+                    );
+                }
                 all.push(f);
             }
         }
@@ -233,6 +245,18 @@ fn goals(all: &[Figures]) {
         if let (Some(a), Some(b)) = (find("v1.37", 50, layout), find("v1.37", 200, layout)) {
             let r = b.cpu_per_pod() / a.cpu_per_pod();
             println!("  v1.37 N=200 / N=50, {name}: {r:.2}x, target flat (<= 1.25x): {}", verdict(r <= 1.25));
+        }
+    }
+    for f in all.iter().filter(|f| f.nodes == 200) {
+        if let Some((usage, why)) = f.cli {
+            for (what, took) in [("usage", usage), ("why", why)] {
+                let ms = took.as_secs_f64() * 1000.0;
+                println!(
+                    "  {} N=200: kubectl migdra {what} {ms:.0} ms, target < 1000 ms: {}",
+                    f.version,
+                    verdict(ms < 1000.0)
+                );
+            }
         }
     }
     for nv in all.iter().filter(|f| f.layout == Layout::Nvidia) {
@@ -367,6 +391,7 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
         created.iter().filter_map(|(name, at)| bound_at.get(name).map(|b| b.saturating_duration_since(*at))).collect();
     latencies.sort();
     let pct = |q: f64| latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)));
+    let cli = if layout == Layout::Migdra { Some(cli_times(&client, cp.kubeconfig()).await) } else { None };
     if let Some(p) = profile {
         match p.await.unwrap() {
             Ok(top) => println!("  scheduler CPU profile, {version} N={n} {}:\n{top}", layout.name()),
@@ -385,7 +410,40 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
         p99: pct(0.99).copied().unwrap_or_default(),
         slice_bytes,
         fill,
+        cli,
     }
+}
+
+/// How long `kubectl migdra usage -o json` and `why` take against this cluster, each the best of
+/// three runs of the release binary. `why` explains a claim no node can take (100 1g.10gb
+/// devices on one node): every GPU of every node matches and is explained, its worst case.
+async fn cli_times(client: &kube::Client, kubeconfig: &std::path::Path) -> (Duration, Duration) {
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "why-bench", "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mig-1g.10gb", "allocationMode": "ExactCount", "count": 100}}]}}
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), NAMESPACE).create(&PostParams::default(), &claim).await.unwrap();
+    let kubeconfig = kubeconfig.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let best = |args: &[&str]| {
+            (0..3)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    let out = migdra().args(args).env("KUBECONFIG", &kubeconfig).ok();
+                    assert!(out.len() > 1000, "{args:?} printed too little:\n{out}");
+                    t0.elapsed()
+                })
+                .min()
+                .unwrap_or_default()
+        };
+        let usage = best(&["usage", "-o", "json"]);
+        let why = best(&["why", "claim/why-bench", "-n", NAMESPACE]);
+        (usage, why)
+    })
+    .await
+    .unwrap()
 }
 
 /// A pod's share of an H100's 8 memory slices, from the catalog: a whole GPU takes all of them.

@@ -10,8 +10,8 @@
 //! `?:`, version attributes, quantities our [`Quantity`] refuses) is reported as
 //! [`Verdict::Unknown`] naming the construct, never guessed.
 
+use super::wire::{Attribute, Value as Amount};
 use crate::mig::devices::Quantity;
-use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -40,8 +40,8 @@ pub enum Verdict {
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceInput<'a> {
     pub driver: &'a str,
-    pub attributes: &'a BTreeMap<String, DeviceAttribute>,
-    pub capacity: &'a BTreeMap<String, DeviceCapacity>,
+    pub attributes: &'a BTreeMap<String, Attribute>,
+    pub capacity: &'a BTreeMap<String, Amount>,
 }
 
 impl Selector {
@@ -515,17 +515,17 @@ fn value(e: &Expr, d: &DeviceInput<'_>) -> Eval {
         Expr::Device | Expr::Root(_) | Expr::Domain(..) => Err(Verdict::Unknown("a whole map as a value".into())),
         Expr::Lookup(Map::Attributes, domain, name) => {
             let a = find(d.attributes, d, domain, name).ok_or_else(|| no_key(name))?;
-            match (a.bool, a.int, &a.string, &a.version) {
-                (Some(b), ..) => Ok(Val::Bool(b)),
-                (_, Some(i), ..) => Ok(Val::Int(i)),
-                (_, _, Some(s), _) => Ok(Val::Str(s.clone())),
-                (.., Some(_)) => Ok(Val::Version),
-                _ => Err(Verdict::Unknown(format!("list-valued attribute {name}"))),
+            match a {
+                Attribute::Bool(b) => Ok(Val::Bool(*b)),
+                Attribute::Int(i) => Ok(Val::Int(*i)),
+                Attribute::String(s) => Ok(Val::Str(s.clone())),
+                Attribute::Version(_) => Ok(Val::Version),
+                Attribute::Other => Err(Verdict::Unknown(format!("list-valued attribute {name}"))),
             }
         }
         Expr::Lookup(Map::Capacity, domain, name) => {
             let c = find(d.capacity, d, domain, name).ok_or_else(|| no_key(name))?;
-            quantity(&c.value.0, &format!("capacity {name}"))
+            quantity(&c.value, &format!("capacity {name}"))
         }
         Expr::Has(map, domain, name) => Ok(Val::Bool(match map {
             Map::Attributes => find(d.attributes, d, domain, name).is_some(),
@@ -596,14 +596,13 @@ fn compare(op: &str, a: &Val, b: &Val, dynamic: bool) -> Eval {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
 
     const MIG: &str = "mig.slinky.slurm.net";
 
     struct Dev {
         driver: &'static str,
-        attributes: BTreeMap<String, DeviceAttribute>,
-        capacity: BTreeMap<String, DeviceCapacity>,
+        attributes: BTreeMap<String, Attribute>,
+        capacity: BTreeMap<String, Amount>,
     }
 
     impl Dev {
@@ -613,17 +612,17 @@ mod tests {
         fn check(&self, sel: &Selector) -> Verdict {
             sel.eval(&DeviceInput { driver: self.driver, attributes: &self.attributes, capacity: &self.capacity })
         }
-        fn with(mut self, key: &str, a: DeviceAttribute) -> Self {
+        fn with(mut self, key: &str, a: Attribute) -> Self {
             self.attributes.insert(key.into(), a);
             self
         }
     }
 
-    fn s(v: &str) -> DeviceAttribute {
-        DeviceAttribute { string: Some(v.into()), ..Default::default() }
+    fn s(v: &str) -> Attribute {
+        Attribute::String(v.into())
     }
-    fn i(v: i64) -> DeviceAttribute {
-        DeviceAttribute { int: Some(v), ..Default::default() }
+    fn i(v: i64) -> Attribute {
+        Attribute::Int(v)
     }
 
     /// A migdra MIG device as its ResourceSlice publishes it.
@@ -640,10 +639,7 @@ mod tests {
         Dev {
             driver: MIG,
             attributes: attributes.into_iter().map(|(k, v)| (k.into(), v)).collect(),
-            capacity: capacity
-                .into_iter()
-                .map(|(k, v)| (k.into(), DeviceCapacity { value: Q(v.into()), ..Default::default() }))
-                .collect(),
+            capacity: capacity.into_iter().map(|(k, v)| (k.into(), Amount { value: v.into() })).collect(),
         }
     }
 
@@ -772,8 +768,7 @@ mod tests {
 
     #[test]
     fn unknown_constructs_are_named() {
-        let m = mig("3g.40gb", 1, "40192Mi")
-            .with("driverVersion", DeviceAttribute { version: Some("1.2.3".into()), ..Default::default() });
+        let m = mig("3g.40gb", 1, "40192Mi").with("driverVersion", Attribute::Version("1.2.3".into()));
         let d = r#"device.attributes["mig.slinky.slurm.net"]"#;
         let cases = [
             (format!(r#"{d}.profile.matches("^3g")"#), "method .matches()"),

@@ -4,7 +4,8 @@
 //! is not allocated itself and every counter it consumes has that much left. That is the counter
 //! model `tests/library/counter_proof.rs` proves equal to what NVML can create.
 
-use k8s_openapi::api::resource::v1::{Device as ApiDevice, DeviceTaint, ResourceClaim, ResourceSlice};
+use super::wire::{self, Attribute, Slice, Taint};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Counter amounts in base units, by counter name.
@@ -31,7 +32,10 @@ impl Holder {
 /// One published device.
 #[derive(Debug, Clone)]
 pub struct Device {
-    pub api: ApiDevice,
+    pub name: String,
+    pub attributes: BTreeMap<String, Attribute>,
+    pub capacity: BTreeMap<String, wire::Value>,
+    pub taints: Vec<Taint>,
     pub profile: Option<String>,
     /// Memory slices `(start, size)`; `None` for a whole GPU.
     pub placement: Option<(u32, u32)>,
@@ -42,12 +46,12 @@ pub struct Device {
 
 impl Device {
     pub fn name(&self) -> &str {
-        &self.api.name
+        &self.name
     }
 
     /// Taints that keep new claims off it (effect `None` only informs).
-    pub fn taints(&self) -> impl Iterator<Item = &DeviceTaint> {
-        self.api.taints.iter().flatten().filter(|t| t.effect != "None")
+    pub fn taints(&self) -> impl Iterator<Item = &Taint> {
+        self.taints.iter().filter(|t| t.effect != "None")
     }
 }
 
@@ -158,32 +162,38 @@ pub struct Cluster {
 
 impl Cluster {
     /// The pools of `driver` in `slices` (newest generation only, as the scheduler reads them),
-    /// with the allocations of `claims` on them.
-    pub fn build(driver: &str, slices: &[ResourceSlice], claims: &[ResourceClaim]) -> Self {
-        let mine: Vec<&ResourceSlice> = slices.iter().filter(|s| s.spec.driver == driver).collect();
-        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-        for s in &mine {
-            let g = newest.entry(s.spec.pool.name.as_str()).or_insert(s.spec.pool.generation);
-            *g = (*g).max(s.spec.pool.generation);
-        }
-        let holders = holders(driver, claims);
-        let mut nodes = Vec::new();
-        for (pool, generation) in newest {
-            let current = || mine.iter().filter(|s| s.spec.pool.name == pool && s.spec.pool.generation == generation);
-            let mut capacity = BTreeMap::new();
-            for set in current().flat_map(|s| s.spec.shared_counters.iter().flatten()) {
-                capacity.insert(set.name.clone(), amounts(set.counters.iter().map(|(k, v)| (k, &v.value.0))));
+    /// with the allocations of `claims` on them. Takes the slices, as a big cluster's are large.
+    pub fn build(driver: &str, slices: Vec<Slice>, claims: &[ResourceClaim]) -> Self {
+        let mut pools: BTreeMap<String, (i64, Vec<Slice>)> = BTreeMap::new();
+        for s in slices.into_iter().filter(|s| s.spec.driver == driver) {
+            let (generation, kept) =
+                pools.entry(s.spec.pool.name.clone()).or_insert((s.spec.pool.generation, Vec::new()));
+            if s.spec.pool.generation > *generation {
+                (*generation, *kept) = (s.spec.pool.generation, Vec::new());
             }
+            if s.spec.pool.generation == *generation {
+                kept.push(s);
+            }
+        }
+        let mut holders = holders(driver, claims);
+        let mut nodes = Vec::new();
+        for (pool, (_, slices)) in pools {
+            let mut capacity = BTreeMap::new();
             let mut gpus: Vec<Gpu> = Vec::new();
-            for api in current().flat_map(|s| s.spec.devices.iter().flatten()) {
-                let holder = holders.get(&(pool.to_string(), api.name.clone())).cloned();
-                let (device, gpu) = device(driver, api.clone(), holder);
-                match gpus.iter_mut().find(|g| g.uuid == gpu.uuid) {
-                    Some(g) => {
-                        g.memory_slices = g.memory_slices.max(gpu.memory_slices);
-                        g.devices.push(device);
+            for spec in slices.into_iter().map(|s| s.spec) {
+                for set in spec.shared_counters {
+                    capacity.insert(set.name, amounts(&set.counters));
+                }
+                for api in spec.devices {
+                    let holder = holders.remove(&(pool.clone(), api.name.clone()));
+                    let (device, gpu) = device(driver, api, holder);
+                    match gpus.iter_mut().find(|g| g.uuid == gpu.uuid) {
+                        Some(g) => {
+                            g.memory_slices = g.memory_slices.max(gpu.memory_slices);
+                            g.devices.push(device);
+                        }
+                        None => gpus.push(Gpu { devices: vec![device], ..gpu }),
                     }
-                    None => gpus.push(Gpu { devices: vec![device], ..gpu }),
                 }
             }
             gpus.sort_by_key(|g| (g.index.unwrap_or(i64::MAX), g.uuid.clone()));
@@ -196,7 +206,7 @@ impl Cluster {
                     }
                 }
             }
-            nodes.push(Node { name: pool.to_string(), gpus, capacity, used });
+            nodes.push(Node { name: pool, gpus, capacity, used });
         }
         Self { driver: driver.to_string(), nodes }
     }
@@ -213,7 +223,7 @@ impl Cluster {
 }
 
 /// `key=value:effect`.
-pub fn taint_text(t: &DeviceTaint) -> String {
+pub fn taint_text(t: &Taint) -> String {
     match &t.value {
         Some(v) => format!("{}={v}:{}", t.key, t.effect),
         None => format!("{}:{}", t.key, t.effect),
@@ -249,20 +259,27 @@ fn holders(driver: &str, claims: &[ResourceClaim]) -> BTreeMap<(String, String),
 
 /// Counter amounts read from quantities; one migdra never writes counts as zero, so the scheduler
 /// would refuse it too.
-fn amounts<'a>(counters: impl Iterator<Item = (&'a String, &'a String)>) -> Amounts {
+fn amounts(counters: &BTreeMap<String, wire::Value>) -> Amounts {
     counters
-        .map(|(k, v)| (k.clone(), v.parse::<crate::mig::devices::Quantity>().map_or(u128::MAX, |q| q.base())))
+        .iter()
+        .map(|(k, v)| (k.clone(), v.value.parse::<crate::mig::devices::Quantity>().map_or(u128::MAX, |q| q.base())))
         .collect()
 }
 
 /// The device, and the GPU it belongs to as far as this device tells.
-fn device(driver: &str, api: ApiDevice, holder: Option<Holder>) -> (Device, Gpu) {
+fn device(driver: &str, api: wire::Device, holder: Option<Holder>) -> (Device, Gpu) {
     let attr = |name: &str| {
-        let attrs = api.attributes.as_ref()?;
+        let attrs = &api.attributes;
         attrs.get(name).or_else(|| attrs.get(&format!("{driver}/{name}")))
     };
-    let int = |name: &str| attr(name).and_then(|a| a.int);
-    let text = |name: &str| attr(name).and_then(|a| a.string.clone());
+    let int = |name: &str| match attr(name) {
+        Some(Attribute::Int(i)) => Some(*i),
+        _ => None,
+    };
+    let text = |name: &str| match attr(name) {
+        Some(Attribute::String(s)) => Some(s.clone()),
+        _ => None,
+    };
     let mig = text("type").as_deref() == Some("mig");
     let uuid = if mig { text("parentUUID") } else { text("uuid") }.unwrap_or_else(|| api.name.clone());
     let placement = match (int("placementStart"), int("placementSize")) {
@@ -280,14 +297,10 @@ fn device(driver: &str, api: ApiDevice, holder: Option<Holder>) -> (Device, Gpu)
         memory_slices,
         devices: Vec::new(),
     };
-    let consumes = api
-        .consumes_counters
-        .iter()
-        .flatten()
-        .map(|c| (c.counter_set.clone(), amounts(c.counters.iter().map(|(k, v)| (k, &v.value.0)))))
-        .collect();
+    let consumes = api.consumes_counters.iter().map(|c| (c.counter_set.clone(), amounts(&c.counters))).collect();
     let profile = if mig { text("profile") } else { None };
-    (Device { api, profile, placement, consumes, holder }, gpu)
+    let wire::Device { name, attributes, capacity, taints, .. } = api;
+    (Device { name, attributes, capacity, taints, profile, placement, consumes, holder }, gpu)
 }
 
 /// Test fixtures: what migdra publishes for H100 nodes, and claims allocated from it.
@@ -301,8 +314,14 @@ pub(super) mod fixture {
 
     pub const DRIVER: &str = "mig.slinky.slurm.net";
 
-    /// The slices of a node with `gpus` dynamic H100-80GB (Slurm index = NVML index).
-    pub fn node(name: &str, gpus: u32) -> Vec<api::ResourceSlice> {
+    /// The slices of a node with `gpus` dynamic H100-80GB (Slurm index = NVML index), as the
+    /// API server sends them.
+    pub fn node(name: &str, gpus: u32) -> Vec<super::Slice> {
+        let slices = api_node(name, gpus);
+        serde_json::from_value(serde_json::to_value(slices).expect("slices serialize")).expect("slices parse lean")
+    }
+
+    fn api_node(name: &str, gpus: u32) -> Vec<api::ResourceSlice> {
         let m = model("h100-80gb").expect("h100-80gb in the catalog");
         let gpus: Vec<GpuSlices> = (0..gpus)
             .map(|index| {
@@ -405,7 +424,7 @@ mod tests {
     fn allocations_consume_their_gpus_counters_only() {
         let slices = node("node-a", 2);
         let claims = [allocated("a", "pod-a", "node-a", "gpu-0-mig-3g40gb-9-4")];
-        let c = Cluster::build(DRIVER, &slices, &claims);
+        let c = Cluster::build(DRIVER, slices, &claims);
         assert_eq!(c.nodes.len(), 1);
         let n = &c.nodes[0];
         assert_eq!(n.gpus.len(), 2);
@@ -431,10 +450,9 @@ mod tests {
         let new = node("node-a", 2);
         for s in &mut old {
             s.spec.pool.generation = 0;
-            s.metadata.name = Some(format!("old-{}", s.metadata.name.clone().unwrap_or_default()));
         }
         let all: Vec<_> = old.into_iter().chain(new).collect();
-        let c = Cluster::build(DRIVER, &all, &[]);
+        let c = Cluster::build(DRIVER, all, &[]);
         assert_eq!(c.nodes[0].gpus.len(), 2);
         assert_eq!(c.nodes[0].gpus[0].devices.len(), c.nodes[0].gpus[1].devices.len());
     }

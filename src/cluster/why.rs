@@ -7,8 +7,9 @@
 
 use super::cel::{DeviceInput, Selector, Verdict};
 use super::model::{Amounts, Cluster, Device, Gpu, Holder, Node, taint_text};
+use super::wire::Taint;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaint, DeviceToleration, ResourceClaim};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceToleration, ResourceClaim};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -358,13 +359,8 @@ fn scan(cluster: &Cluster, selectors: &[Selector]) -> Scan {
     for (n, node) in cluster.nodes.iter().enumerate() {
         for (g, gpu) in node.gpus.iter().enumerate() {
             for (d, dev) in gpu.devices.iter().enumerate() {
-                let empty = BTreeMap::new();
-                let empty_cap = BTreeMap::new();
-                let input = DeviceInput {
-                    driver: &cluster.driver,
-                    attributes: dev.api.attributes.as_ref().unwrap_or(&empty),
-                    capacity: dev.api.capacity.as_ref().unwrap_or(&empty_cap),
-                };
+                let input =
+                    DeviceInput { driver: &cluster.driver, attributes: &dev.attributes, capacity: &dev.capacity };
                 match all(selectors.iter().map(|sel| sel.eval(&input))) {
                     Verdict::Match => s.matches.push((n, g, d)),
                     Verdict::NoMatch => {}
@@ -507,7 +503,7 @@ fn tolerated(d: &Device, tolerations: &[DeviceToleration]) -> bool {
 
 /// Kubernetes' toleration rule: the effect matches (or is empty), and `Exists` matches the key
 /// (an empty key every key) or `Equal` (the default) the key and the value.
-fn tolerates(tolerations: &[DeviceToleration], t: &DeviceTaint) -> bool {
+fn tolerates(tolerations: &[DeviceToleration], t: &Taint) -> bool {
     tolerations.iter().any(|tol| {
         let effect = tol.effect.as_deref().is_none_or(|e| e.is_empty() || e == t.effect);
         let key = tol.key.as_deref().unwrap_or("");
@@ -620,20 +616,19 @@ mod tests {
     fn explain(held: &[(&str, &str)], pending: ResourceClaim, taint_gpu1: bool) -> RequestWhy {
         let mut slices = node("node-a", 2);
         if taint_gpu1 {
-            for d in slices.iter_mut().flat_map(|s| s.spec.devices.iter_mut().flatten()) {
+            for d in slices.iter_mut().flat_map(|s| s.spec.devices.iter_mut()) {
                 if d.name.starts_with("gpu-1-") {
-                    d.taints = Some(vec![DeviceTaint {
+                    d.taints = vec![Taint {
                         key: "mig.slinky.slurm.net/xid".into(),
                         value: Some("79".into()),
                         effect: "NoSchedule".into(),
-                        time_added: None,
-                    }]);
+                    }];
                 }
             }
         }
         let claims: Vec<ResourceClaim> =
             held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
-        let cluster = Cluster::build(DRIVER, &slices, &claims);
+        let cluster = Cluster::build(DRIVER, slices, &claims);
         let w = why(&cluster, None, &[ClaimSlot::Found(&pending)], &classes());
         let mut claims = w.claims;
         assert_eq!(claims.len(), 1);
@@ -764,7 +759,7 @@ mod tests {
         let slices = node("node-a", 2);
         let claims: Vec<ResourceClaim> =
             held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
-        let cluster = Cluster::build(DRIVER, &slices, &claims);
+        let cluster = Cluster::build(DRIVER, slices, &claims);
         let p = pending("p", "mig-3g.40gb", &[]);
         let text = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes())).join("\n");
         assert!(
