@@ -1059,7 +1059,10 @@ async fn an_unhealthy_gpu_is_tainted_and_avoided_until_it_recovers() {
     let sick_line =
         format!("{NODE} GPU {sick_gpu} (slurm {sick_gpu}): free but tainted {DRIVER}/xid=79:NoSchedule, not tolerated");
     assert!(why.contains(&sick_line), "{why}");
-    assert!(why.contains(": full, held by team-a/t-3g-a (claim t-3g-a-gpu-"), "{why}");
+    assert!(
+        why.contains(": full: 0 of 8 memory slices free, 4 needed; held by team-a/t-3g-a (claim t-3g-a-gpu-"),
+        "{why}"
+    );
     let usage = kubectl_migdra_ok(cluster.cp.kubeconfig(), &["usage"]);
     assert!(usage.contains(&format!("  TAINTED {DRIVER}/xid=79:NoSchedule")), "{usage}");
     let later = taints(&cluster.published(Duration::from_secs(30)).await);
@@ -1708,10 +1711,24 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
         )),
         "{text}"
     );
-    assert!(text.contains(&format!("{}: full, held by {NS}/big (claim big)", g(gpu1, 1))), "{text}");
+    assert!(
+        text.contains(&format!(
+            "{}: full: 0 of 8 memory slices free, {} needed; held by {NS}/big (claim big)",
+            g(gpu1, 1),
+            4
+        )),
+        "{text}"
+    );
     let text = why("pod/pinned");
     println!("kubectl migdra why pod/pinned:\n{text}");
-    assert!(text.contains(&format!("{}: full, held by {NS}/big (claim big)", g(gpu1, 1))), "{text}");
+    assert!(
+        text.contains(&format!(
+            "{}: full: 0 of 8 memory slices free, {} needed; held by {NS}/big (claim big)",
+            g(gpu1, 1),
+            2
+        )),
+        "{text}"
+    );
     assert!(
         text.contains(&format!(
             "pinned to Slurm GPU 1 (slurmGpuIndex); without the pin it would fit on {}",

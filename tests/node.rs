@@ -69,6 +69,29 @@ impl Ops {
         )
     }
 
+    /// `kubectl migdra ARGS`: kubectl finds this build's binary as `kubectl-migdra` on the PATH.
+    fn kubectl_migdra(&self, args: &[&str]) -> String {
+        let plugins = self.node_dir.join("kubectl-plugins");
+        if !plugins.join("kubectl-migdra").exists() {
+            std::fs::create_dir_all(&plugins).unwrap();
+            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_migdra"), plugins.join("kubectl-migdra")).unwrap();
+        }
+        let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
+        // kubectl takes no flags before a plugin's name; those after it are the plugin's own.
+        let mut all = vec!["migdra"];
+        all.extend_from_slice(args);
+        all.extend(["--kubeconfig", self.kubeconfig.to_str().unwrap()]);
+        let out = std::process::Command::new(&self.kubectl).args(&all).env("PATH", path).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "kubectl migdra {args:?}: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
     fn json(&self, args: &[&str]) -> Value {
         let mut all = args.to_vec();
         all.extend(["-o", "json"]);
@@ -445,6 +468,30 @@ async fn the_chart_on_a_real_node() {
     let env = ops.exec(USERS, "trainer", "echo $NVIDIA_VISIBLE_DEVICES; ls /dev");
     assert!(env.starts_with("GPU-"), "{env}");
     steps.say(&format!("whole-GPU pod: {}", env.lines().next().unwrap_or("")));
+
+    // The operator's view: `kubectl migdra`, found by the real kubectl as a plugin on the PATH.
+    ops.kubectl(&["apply", "-n", USERS, "-k", "daemonset/examples/training"]);
+    let usage = ops.kubectl_migdra(&["usage"]);
+    for holder in [
+        "team-a/notebook  claim notebook-gpu-",
+        "team-a/device-plugin-style  claim device-plugin-style-",
+        "team-a/trainer  claim trainer-gpu-",
+    ] {
+        assert!(usage.contains(holder), "{holder:?} not drawn:\n{usage}");
+    }
+    let why = eventually("the training pod explained as pending")
+        .within(Duration::from_secs(30))
+        .every(Duration::from_millis(250))
+        .until(|| {
+            let why = ops.kubectl_migdra(&["why", "training", "-n", USERS]);
+            if why.contains("scheduler: ") { Ok(why) } else { Err(why) }
+        })
+        .await;
+    assert!(why.contains("request mig: class mig-7g.80gb, 1 device; 1 matching device on 1 node"), "{why}");
+    assert!(why.contains(": full: 6 of 8 memory slices free, 8 needed; held by team-a/device-plugin-style (claim device-plugin-style-"), "{why}");
+    assert!(why.contains("team-a/notebook (claim notebook-gpu-"), "{why}");
+    ops.kubectl(&["delete", "pod", "-n", USERS, "training", "--wait=true", "--timeout=90s"]);
+    steps.say("kubectl migdra usage draws the three claims; why says who holds the H100 the training pod waits for");
 
     // Admin access: the monitoring example sees every instance of GPU 0 and creates none.
     let before = instances(&node).len();

@@ -133,19 +133,24 @@ impl Node {
             })
     }
 
+    /// The counters `d` needs more of than is left, as `(set, counter)`.
+    pub fn short<'a>(&self, d: &'a Device) -> Vec<(&'a str, &'a str)> {
+        d.consumes
+            .iter()
+            .flat_map(|(set, amounts)| amounts.iter().map(move |(c, &need)| (set.as_str(), c.as_str(), need)))
+            .filter(|&(set, c, need)| self.left(set, c) < need)
+            .map(|(set, c, _)| (set, c))
+            .collect()
+    }
+
     /// The holders keeping `d` from being allocated: its own, and those of every device consuming
     /// a counter `d` needs more of than is left.
     pub fn blockers(&self, gpu: &Gpu, d: &Device) -> BTreeSet<Holder> {
         let mut out: BTreeSet<Holder> = d.holder.iter().cloned().collect();
-        for (set, amounts) in &d.consumes {
-            for (c, &need) in amounts {
-                if self.left(set, c) >= need {
-                    continue;
-                }
-                for other in gpu.devices.iter().filter(|o| o.holder.is_some()) {
-                    if other.consumes.get(set).and_then(|a| a.get(c)).is_some_and(|&v| v > 0) {
-                        out.extend(other.holder.clone());
-                    }
+        for (set, c) in self.short(d) {
+            for other in gpu.devices.iter().filter(|o| o.holder.is_some()) {
+                if other.consumes.get(set).and_then(|a| a.get(c)).is_some_and(|&v| v > 0) {
+                    out.extend(other.holder.clone());
                 }
             }
         }

@@ -136,7 +136,10 @@ pub enum Reason {
     /// A matching device is free but tainted, and the request does not tolerate it.
     Tainted { node: String, gpu: String, taints: Vec<String> },
     /// Its memory slices are held by these claims.
-    Full { node: String, gpu: String, held_by: Vec<Holder> },
+    #[serde(rename_all = "camelCase")]
+    Full { node: String, gpu: String, free_slices: u32, memory_slices: u32, needs: u32, held_by: Vec<Holder> },
+    /// Memory would do, but an engine it needs (the GPU's one OFA engine, say) is held.
+    Engines { node: String, gpu: String, counters: Vec<String>, held_by: Vec<Holder> },
     /// Enough memory slices are free, but not where a placement of the profile fits: moving
     /// these claims frees `frees`.
     #[serde(rename_all = "camelCase")]
@@ -478,19 +481,31 @@ fn gpu_reason(
         gpu.slice_holders().iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i as u32).collect();
     let best = devices.iter().min_by_key(|d| node.blockers(gpu, d).len())?;
     let needs = best.placement.map_or(gpu.memory_slices, |p| p.1);
-    let blockers = node.blockers(gpu, best);
+    let blockers: Vec<Holder> = node.blockers(gpu, best).into_iter().collect();
+    let engines: Vec<String> =
+        node.short(best).iter().filter(|(_, c)| !c.starts_with("memory-slice-")).map(|(_, c)| c.to_string()).collect();
+    if !engines.is_empty() && free.len() as u32 >= needs {
+        return Some(Reason::Engines { node: n, gpu: g, counters: engines, held_by: blockers });
+    }
     if free.len() as u32 >= needs && !blockers.is_empty() {
         return Some(Reason::Fragmented {
             node: n,
             gpu: g,
             free_slices: free,
             needs,
-            move_claims: blockers.into_iter().collect(),
+            move_claims: blockers,
             frees: best.name().to_string(),
         });
     }
     let held: BTreeSet<Holder> = gpu.devices.iter().filter_map(|d| d.holder.clone()).collect();
-    Some(Reason::Full { node: n, gpu: g, held_by: held.into_iter().collect() })
+    Some(Reason::Full {
+        node: n,
+        gpu: g,
+        free_slices: free.len() as u32,
+        memory_slices: gpu.memory_slices,
+        needs,
+        held_by: held.into_iter().collect(),
+    })
 }
 
 fn place(node: &Node, g: usize, d: usize) -> Place {
@@ -582,7 +597,13 @@ fn reason_text(r: &Reason) -> String {
         Reason::Tainted { node, gpu, taints } => {
             format!("{node} {gpu}: free but tainted {}, not tolerated", taints.join(", "))
         }
-        Reason::Full { node, gpu, held_by } => format!("{node} {gpu}: full, held by {}", holders_text(held_by)),
+        Reason::Full { node, gpu, free_slices, memory_slices, needs, held_by } => format!(
+            "{node} {gpu}: full: {free_slices} of {memory_slices} memory slices free, {needs} needed; held by {}",
+            holders_text(held_by)
+        ),
+        Reason::Engines { node, gpu, counters, held_by } => {
+            format!("{node} {gpu}: its {} taken, by {}", counters.join(", "), holders_text(held_by))
+        }
         Reason::Fragmented { node, gpu, free_slices, needs, move_claims, frees } => {
             let free: Vec<String> = free_slices.iter().map(u32::to_string).collect();
             format!(
@@ -672,6 +693,17 @@ mod tests {
         assert_eq!(*needs, 4);
         assert_eq!(move_claims.len(), 1);
         assert_eq!(frees, &format!("gpu-0-mig-3g40gb-9-{}", if move_claims[0].claim == "s1" { 0 } else { 4 }));
+    }
+
+    #[test]
+    fn an_engine_held_elsewhere_is_named() {
+        // The H100's one OFA engine goes with a +me profile: a second one waits for it, not for memory.
+        let held = [("me", "gpu-0-mig-1g10gbme-20-0"), ("b", "gpu-1-mig-7g80gb-0-0")];
+        let r = explain(&held, pending("p", "mig-1g.10gb.me", &[]), false);
+        assert_eq!(kinds(&r), ["Engines", "Full"]);
+        let Reason::Engines { counters, held_by, .. } = &r.reasons[0] else { unreachable!() };
+        assert_eq!(counters, &["ofa-engines"]);
+        assert_eq!(held_by.iter().map(|h| h.claim.as_str()).collect::<Vec<_>>(), ["me"]);
     }
 
     #[test]
@@ -766,6 +798,11 @@ mod tests {
             text.contains("node-a GPU 0 (slurm 0): fragmented: memory slices 0,2,3,4,6,7 are free, 4 needed"),
             "{text}"
         );
-        assert!(text.contains("node-a GPU 1 (slurm 1): full, held by default/pod-b (claim b)"), "{text}");
+        assert!(
+            text.contains(
+                "node-a GPU 1 (slurm 1): full: 0 of 8 memory slices free, 4 needed; held by default/pod-b (claim b)"
+            ),
+            "{text}"
+        );
     }
 }

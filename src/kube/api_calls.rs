@@ -101,6 +101,17 @@ pub const API_CALLS: &[ApiCall] = &[
     call("", "events", None, "update", EVENTS, "count a repeat of the same failure"),
 ];
 
+const KUBECTL_PLUGIN: &str = "src/cli/cluster.rs";
+
+/// What `kubectl migdra usage` and `why` ask, as the operator running them (their kubeconfig),
+/// never as the DaemonSet's service account: docs/operating.md gives the ClusterRole rule.
+pub const OPERATOR_CALLS: &[ApiCall] = &[
+    call(RESOURCE, "resourceslices", None, "list", KUBECTL_PLUGIN, "every node's slices, page by page"),
+    call(RESOURCE, "resourceclaims", None, "list", KUBECTL_PLUGIN, "every claim: who holds which device"),
+    call(RESOURCE, "deviceclasses", None, "list", KUBECTL_PLUGIN, "the classes' selectors, for why"),
+    call("", "pods", None, "get", KUBECTL_PLUGIN, "the pod why explains"),
+];
+
 /// Requests outside the resource API.
 pub const NON_RESOURCE_CALLS: &[NonResourceCall] = &[NonResourceCall {
     path: "/version",

@@ -26,7 +26,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
-use migdra::kube::api_calls::{API_CALLS, ApiCall, NON_RESOURCE_CALLS, ObjectName};
+use migdra::kube::api_calls::{API_CALLS, ApiCall, NON_RESOURCE_CALLS, OPERATOR_CALLS, ObjectName};
 use migdra::mig::{catalog, devices};
 use serde::Serialize;
 use serde::de::{Deserialize, DeserializeOwned};
@@ -957,8 +957,9 @@ fn api_methods(text: &str) -> BTreeSet<(&'static str, Option<&'static str>)> {
     found
 }
 
-/// API_CALLS names each file's `kube::Api` calls (by verb and subresource), and every entry's
-/// file exists and makes a call of that verb. Plain `.get(` is too common on maps to scan; its
+/// API_CALLS (the DaemonSet's) and OPERATOR_CALLS (`kubectl migdra`'s) name each file's
+/// `kube::Api` calls (by verb and subresource), and every entry's file exists and makes a call of
+/// that verb. Plain `.get(` is too common on maps to scan; its
 /// entries are trusted when the file has one.
 #[test]
 fn api_calls_list_what_the_source_calls() {
@@ -983,7 +984,7 @@ fn api_calls_list_what_the_source_calls() {
             continue;
         }
         scanned += 1;
-        let listed: Vec<&ApiCall> = API_CALLS.iter().filter(|c| c.file == file).collect();
+        let listed: Vec<&ApiCall> = API_CALLS.iter().chain(OPERATOR_CALLS).filter(|c| c.file == file).collect();
         for (verb, sub) in api_methods(&text) {
             if !listed.iter().any(|c| c.verb == verb && c.subresource == sub) {
                 failures.push(format!(
@@ -998,9 +999,12 @@ fn api_calls_list_what_the_source_calls() {
             failures.push(format!("{file} reads /version but NON_RESOURCE_CALLS does not list it"));
         }
     }
-    for c in API_CALLS {
+    for c in API_CALLS.iter().chain(OPERATOR_CALLS) {
         let text = std::fs::read_to_string(repo().join(c.file)).unwrap_or_default();
-        let seen = c.verb.contains(':')
+        // The kubectl plugin pages through the slices with raw requests (request.list).
+        let raw = c.verb == "list" && text.contains("request.list(");
+        let seen = raw
+            || c.verb.contains(':')
             || api_methods(&text).contains(&(c.verb, c.subresource))
             || (c.verb == "get" && c.subresource.is_none() && text.contains(".get("));
         if !seen {
@@ -1014,6 +1018,35 @@ fn api_calls_list_what_the_source_calls() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(scanned >= 4, "only {scanned} files with kube::Api calls found");
+}
+
+/// The ClusterRole rule docs/operating.md gives operators for `kubectl migdra` allows every
+/// resource.k8s.io call in OPERATOR_CALLS, and the text names the rest.
+#[test]
+fn the_operators_rule_in_the_docs_covers_kubectl_migdra() {
+    let doc = std::fs::read_to_string(repo().join("docs/operating.md")).unwrap();
+    let at = doc.find("read-only operator needs a ClusterRole with this rule").expect("the rule's paragraph");
+    let block = &doc[at..];
+    let line =
+        |key: &str| block.lines().find(|l| l.trim_start().trim_start_matches("- ").starts_with(key)).unwrap_or("");
+    let (resources, verbs) = (line("resources:"), line("verbs:"));
+    for c in OPERATOR_CALLS {
+        if c.group == "resource.k8s.io" {
+            assert!(
+                resources.contains(c.resource) && verbs.contains(c.verb),
+                "{} {}: {resources} / {verbs}",
+                c.verb,
+                c.resource
+            );
+        } else {
+            assert!(
+                block[..400.min(block.len())].contains(&format!("`{}` on `{}`", c.verb, c.resource)),
+                "{} {} not named",
+                c.verb,
+                c.resource
+            );
+        }
+    }
 }
 
 // === the DaemonSet against the code ===
