@@ -154,6 +154,10 @@ pub enum Reason {
 pub fn why(cluster: &Cluster, pod: Option<&Pod>, claims: &[ClaimSlot<'_>], classes: &[DeviceClass]) -> Why {
     let mut notes = Vec::new();
     let spec = pod.and_then(|p| p.spec.as_ref());
+    if let Some(node) = spec.and_then(|s| s.node_name.as_deref()) {
+        let phase = pod.and_then(|p| p.status.as_ref()).and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+        notes.push(format!("the pod is bound to node {node} (phase {phase}): it waits for no device"));
+    }
     if spec.is_some_and(|s| s.node_selector.is_some() || s.affinity.is_some()) {
         notes.push("the pod's nodeSelector and affinity also narrow its nodes; they are not evaluated here".into());
     }
@@ -267,7 +271,7 @@ fn claim_why(cluster: &Cluster, slot: &ClaimSlot<'_>, classes: &[DeviceClass]) -
         .unwrap_or_default();
     let mut notes = Vec::new();
     if !allocated.is_empty() {
-        notes.push("allocated: the pod waits for something other than this claim's devices".into());
+        notes.push("allocated: this claim keeps nothing pending".into());
         return ClaimWhy { claim: name, allocated, requests: Vec::new(), notes };
     }
     if claim
@@ -783,6 +787,23 @@ mod tests {
             false,
         );
         assert_eq!(kinds(&r), ["SelectorError"]);
+    }
+
+    #[test]
+    fn a_bound_pod_and_an_allocated_claim_are_said_to_wait_for_nothing() {
+        let slices = node("node-a", 1);
+        let claim = allocated("a", "pod-a", "node-a", "gpu-0-mig-1g10gb-19-0");
+        let cluster = Cluster::build(DRIVER, slices, std::slice::from_ref(&claim));
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pod-a", "namespace": "default"},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let w = why(&cluster, Some(&pod), &[ClaimSlot::Found(&claim)], &classes());
+        assert_eq!(w.notes, ["the pod is bound to node node-a (phase Running): it waits for no device"]);
+        assert_eq!(w.claims[0].allocated, ["node-a/gpu-0-mig-1g10gb-19-0"]);
+        assert!(w.claims[0].requests.is_empty());
     }
 
     #[test]
