@@ -1804,6 +1804,18 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
     fails(&["why", "deploy/x", "-n", NS], &kc, 2, "unknown kind \"deploy\"");
     cluster.create_device_plugin_pod("no-claims", "cpu").await;
     fails(&["why", "no-claims", "-n", NS], &kc, 2, "pod team-a/no-claims has no resource claims");
+    let other: k8s_openapi::api::resource::v1::DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "other-driver"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.example.com\""}}]}
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(cluster.client.clone())
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap();
+    create_claim(&cluster, "other", "other-driver", &[]).await;
+    cluster.create_pod("other", "", Some("other")).await;
+    fails(&["why", "other", "-n", NS], &kc, 2, "pod team-a/other has no claim for mig.slinky.slurm.net devices");
     fails(&["usage", "--driver-name", "other.example.com"], &kc, 1, "no node publishes other.example.com devices");
     let dead = std::env::temp_dir().join(format!("migdra-dead-kubeconfig-{}", std::process::id()));
     let text = std::fs::read_to_string(&kc).unwrap();
