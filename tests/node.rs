@@ -558,7 +558,11 @@ async fn the_chart_on_a_real_node() {
     steps.say("kubelet and containerd restarted: the notebook runs with its device");
 
     // helm upgrade rolls the DaemonSet (maxSurge: the new pod registers beside the old one) while
-    // the notebook runs, and a pod created during the roll is prepared by whichever answers.
+    // the notebook runs, and a pod created during the roll is prepared by whichever answers. The
+    // restarts above leave the DaemonSet's pod unready for a moment; a roll that starts then
+    // deletes the old pod at once instead of after the new one is Ready (seen in CI: the old pod
+    // stopped at the new one's start, and a prepare sent to it was cancelled by the kubelet).
+    ops.rollout();
     ops.upgrade(&["--set", "podAnnotations.rolled=once"]);
     ops.apply(USERS, &claim_pod("during-roll", "mig-1g-10gb"));
     ops.rollout();
