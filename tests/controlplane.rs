@@ -1603,13 +1603,9 @@ async fn serve_killed_after_an_api_write_converges_when_started_again() {
 /// `kubectl-migdra ARGS`: this build's binary under its kubectl plugin name, against the control
 /// plane, as a user runs it (their kubeconfig, nothing else).
 fn kubectl_migdra(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
-    let dir = std::env::temp_dir().join(format!("migdra-kubectl-plugin-{}", std::process::id()));
-    let plugin = dir.join("kubectl-migdra");
-    if !plugin.exists() {
-        std::fs::create_dir_all(&dir).unwrap();
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_migdra"), &plugin).unwrap();
-    }
-    let mut cmd = support::command::scrubbed(&plugin);
+    // Beside the kubeconfig: in the control plane's directory, removed with it.
+    let dir = kubeconfig.parent().unwrap().join("kubectl-plugins");
+    let mut cmd = support::command::scrubbed(support::command::kubectl_plugin(&dir));
     cmd.args(args).env("KUBECONFIG", kubeconfig);
     cmd.run()
 }
@@ -1817,7 +1813,7 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
     cluster.create_pod("other", "", Some("other")).await;
     fails(&["why", "other", "-n", NS], &kc, 2, "pod team-a/other has no claim for mig.slinky.slurm.net devices");
     fails(&["usage", "--driver-name", "other.example.com"], &kc, 1, "no node publishes other.example.com devices");
-    let dead = std::env::temp_dir().join(format!("migdra-dead-kubeconfig-{}", std::process::id()));
+    let dead = kc.parent().unwrap().join("dead-kubeconfig");
     let text = std::fs::read_to_string(&kc).unwrap();
     let port = text.split("https://").nth(1).and_then(|r| r.split(['/', '\n', '"']).next()).unwrap().to_string();
     std::fs::write(&dead, text.replace(&port, "127.0.0.1:9")).unwrap();

@@ -72,10 +72,7 @@ impl Ops {
     /// `kubectl migdra ARGS`: kubectl finds this build's binary as `kubectl-migdra` on the PATH.
     fn kubectl_migdra(&self, args: &[&str]) -> String {
         let plugins = self.node_dir.join("kubectl-plugins");
-        if !plugins.join("kubectl-migdra").exists() {
-            std::fs::create_dir_all(&plugins).unwrap();
-            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_migdra"), plugins.join("kubectl-migdra")).unwrap();
-        }
+        support::command::kubectl_plugin(&plugins);
         let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
         // kubectl takes no flags before a plugin's name; those after it are the plugin's own.
         let mut all = vec!["migdra"];

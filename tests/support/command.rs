@@ -96,6 +96,17 @@ pub fn migdra() -> Command {
     scrubbed(env!("CARGO_BIN_EXE_migdra"))
 }
 
+/// This build's `migdra` as the kubectl plugin `DIR/kubectl-migdra` (made once); the directory
+/// to put on kubectl's PATH.
+pub fn kubectl_plugin(dir: &std::path::Path) -> std::path::PathBuf {
+    let plugin = dir.join("kubectl-migdra");
+    if !plugin.exists() {
+        std::fs::create_dir_all(dir).unwrap();
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_migdra"), &plugin).unwrap();
+    }
+    plugin
+}
+
 /// The program and its arguments, for a failure message (`Command`'s own `Debug` lists every
 /// removed variable too).
 pub fn describe(cmd: &Command) -> String {
