@@ -3,10 +3,10 @@
 # discovers (GPUs, MIG mode, models, existing instances, the driver's procfs) and the
 # ResourceSlices it would publish for this node.
 #
-# It creates and destroys nothing and changes no GPU setting: it runs only `migdra layout` and
-# `migdra slices`, which query NVML (tests/process/nvml.rs checks that those two commands call no NVML
-# function that creates, destroys or changes anything), plus nvidia-smi's list commands and
-# reads of /proc.
+# It creates and destroys nothing and changes no GPU setting: it runs only `migdra layout`,
+# `migdra slices` and `migdra profiles --nvml`, which query NVML (tests/process/nvml.rs checks
+# that they call no NVML function that creates, destroys or changes anything), plus nvidia-smi's
+# list commands and reads of /proc.
 #
 #   hack/check-device.sh [OUT_DIR]
 #
@@ -47,6 +47,7 @@ if command -v nvidia-smi >/dev/null; then
     run nvidia-smi-L nvidia-smi -L
     run nvidia-smi-mig nvidia-smi --query-gpu=index,minor_number,uuid,pci.bus_id,name,mig.mode.current,mig.mode.pending,driver_version --format=csv
     run nvidia-smi-lgip nvidia-smi mig -lgip
+    run nvidia-smi-lgipp nvidia-smi mig -lgipp
     run nvidia-smi-lgi nvidia-smi mig -lgi
 fi
 # What migdra discovers and would publish.
@@ -55,6 +56,9 @@ run layout.json "$migdra" layout -o json || failed=1
 run slices "$migdra" slices --node-name "$node" || failed=1
 run slices.yaml "$migdra" slices --node-name "$node" -o yaml || failed=1
 run slices-static "$migdra" --mig-mode static slices --node-name "$node" || failed=1
+# NVML's own profile answers (whatever the MIG mode) beside the catalog's figures.
+run profiles-nvml "$migdra" profiles --nvml || failed=1
+run profiles-nvml.json "$migdra" profiles --nvml -o json || failed=1
 
 # The driver's procfs, where the CDI specs' capability nodes come from.
 procfs=${MIGDRA_PROCFS_ROOT:-/proc}

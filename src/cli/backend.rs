@@ -34,15 +34,25 @@ pub fn open(global: &Global) -> Result<Box<dyn GpuBackend>, CliError> {
 /// The backend, with NVML's XID events watched when `events` (the daemon's health stream).
 fn open_with_events(global: &Global, events: bool) -> Result<Box<dyn GpuBackend>, CliError> {
     if !simulated(global) {
-        let opts = NvmlOptions {
-            lib_path: global.nvml_lib.clone(),
-            driver_root: global.driver_root.clone(),
-            procfs: Procfs::new(&global.procfs_root),
-            watch_events: events,
-        };
-        return Ok(Box::new(NvmlBackend::open(&opts)?));
+        return Ok(Box::new(open_nvml(global, events)?));
     }
     Ok(Box::new(open_sim(global)?))
+}
+
+/// NVML itself, for what only a real GPU answers; refused with the simulator's flags.
+pub fn open_nvml(global: &Global, events: bool) -> Result<NvmlBackend, CliError> {
+    if simulated(global) {
+        return Err(CliError::Usage(
+            "this reads NVML, not the simulator: drop --sim/--sim-state (and MIGDRA_SIM*) and pass --nvml-lib or --driver-root if the library is not on the loader path".into(),
+        ));
+    }
+    let opts = NvmlOptions {
+        lib_path: global.nvml_lib.clone(),
+        driver_root: global.driver_root.clone(),
+        procfs: Procfs::new(&global.procfs_root),
+        watch_events: events,
+    };
+    Ok(NvmlBackend::open(&opts)?)
 }
 
 /// Whether the GPUs are the simulator's (`--sim`, `--sim-state`) rather than NVML's.

@@ -1,7 +1,9 @@
 //! `migdra profiles`: the catalog, read like `nvidia-smi mig -lgip` and `-lgipp` combined.
 
 use super::{CliError, CliResult, Format, Global, output};
+use crate::gpu::nvml::discovery::{self, MigState};
 use crate::mig::catalog::{self, Evidence, GiProfile, GpuModel};
+use crate::mig::discovered::{Difference, differences};
 use serde::Serialize;
 use std::io::Write;
 
@@ -11,6 +13,10 @@ pub struct Args {
     /// or --nvml-lib or --driver-root (a live node), or every model
     #[arg(long, env = "MIGDRA_MODEL")]
     pub model: Option<String>,
+    /// What NVML itself answers for each GPU of this node (profiles, placements, memory, engines;
+    /// whatever the MIG mode), beside the catalog's figures and what differs. Read-only
+    #[arg(long, conflicts_with = "model")]
+    pub nvml: bool,
 }
 
 /// JSON view of one model.
@@ -42,6 +48,9 @@ struct Placement {
 }
 
 pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
+    if args.nvml {
+        return observed(global, out);
+    }
     let models = models(args.model.as_deref(), global)?;
     match global.output {
         Format::Json | Format::Yaml => {
@@ -185,6 +194,90 @@ fn table(m: &GpuModel, out: &mut dyn Write) -> std::io::Result<()> {
     }
     if !m.note.is_empty() {
         writeln!(out, "  note: {}", m.note)?;
+    }
+    Ok(())
+}
+
+/// One GPU as NVML describes it, beside the catalog.
+#[derive(Serialize)]
+struct ObservedView<'a> {
+    index: u32,
+    uuid: &'a str,
+    name: &'a str,
+    pci_device_id: String,
+    mig_mode: &'static str,
+    /// The catalog model this GPU matches by PCI device ID or name, if any.
+    catalog: Option<&'a str>,
+    /// The model NVML's answers describe; absent when NVML answers no profiles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nvml: Option<ModelView<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    differences: Vec<Difference>,
+}
+
+/// `profiles --nvml`: NVML's own answers for this node's GPUs and how they differ from the
+/// catalog, so a driver or GPU that disagrees is seen before it is trusted.
+fn observed(global: &Global, out: &mut dyn Write) -> CliResult {
+    let backend = super::backend::open_nvml(global, false)?;
+    let gpus = backend.observed();
+    let views: Vec<ObservedView> = gpus
+        .iter()
+        .map(|(id, model)| {
+            let known = discovery::catalog_model(id);
+            let (nvml, error) = match model {
+                Ok(m) => (Some(view(m)), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            let differences = match (known, model) {
+                (Some(c), Ok(m)) => differences(c, m),
+                _ => Vec::new(),
+            };
+            ObservedView {
+                index: id.index,
+                uuid: &id.uuid,
+                name: &id.name,
+                pci_device_id: format!("0x{:04X}", id.pci_device_id),
+                mig_mode: match id.mig {
+                    MigState::Enabled => "enabled",
+                    MigState::Disabled => "disabled",
+                    MigState::NotCapable => "not capable",
+                },
+                catalog: known.map(|c| c.key.as_str()),
+                nvml,
+                error,
+                differences,
+            }
+        })
+        .collect();
+    if global.output != Format::Table {
+        return Ok(output::data(out, global.output, &views)?);
+    }
+    for (i, (v, (_, model))) in views.iter().zip(&gpus).enumerate() {
+        if i > 0 {
+            writeln!(out)?;
+        }
+        let catalog = v.catalog.unwrap_or("none");
+        writeln!(out, "GPU {} {} ({}, MIG {}), catalog model {catalog}", v.index, v.uuid, v.name, v.mig_mode)?;
+        match (model, v.catalog) {
+            (Err(e), _) => writeln!(out, "  NVML describes no MIG profiles: {e}")?,
+            (Ok(m), known) => {
+                table(m, out)?;
+                match known {
+                    None => writeln!(out, "  the catalog has no model for this GPU: migdra uses NVML's answers")?,
+                    Some(_) if v.differences.is_empty() => writeln!(
+                        out,
+                        "  NVML confirms the catalog: every profile, slice, placement, memory, SM and engine figure"
+                    )?,
+                    Some(key) => {
+                        writeln!(out, "  NVML differs from the catalog model {key}:")?;
+                        for d in &v.differences {
+                            writeln!(out, "    {} {}: catalog {}, NVML {}", d.profile, d.field, d.catalog, d.nvml)?;
+                        }
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }

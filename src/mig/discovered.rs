@@ -116,6 +116,63 @@ pub fn describe_from_nvml(query: &NvmlDescription) -> Result<GpuModel, DescribeE
     })
 }
 
+/// One way NVML's answer for a GPU differs from the catalog's model of it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Difference {
+    /// The profile's name (the catalog's when it has one), or `GPU` for the slice grid.
+    pub profile: String,
+    pub field: &'static str,
+    pub catalog: String,
+    pub nvml: String,
+}
+
+/// What differs between the catalog's model of a GPU and the model built from NVML's answers:
+/// the slice grid, then each profile by ID (missing on either side, or any field that shapes a
+/// partition or a published attribute). Empty when NVML confirms every figure.
+pub fn differences(catalog: &GpuModel, nvml: &GpuModel) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let mut field = |profile: &str, field: &'static str, c: String, n: String| {
+        if c != n {
+            out.push(Difference { profile: profile.to_string(), field, catalog: c, nvml: n });
+        }
+    };
+    field("GPU", "memory slices", catalog.memory_slices.to_string(), nvml.memory_slices.to_string());
+    field("GPU", "compute slices", catalog.compute_slices.to_string(), nvml.compute_slices.to_string());
+    for c in &catalog.profiles {
+        let Some(n) = nvml.profile(c.id) else {
+            field(&c.name, "profile", format!("ID {}", c.id), "absent".into());
+            continue;
+        };
+        let f = &mut field;
+        f(&c.name, "name", c.name.clone(), n.name.clone());
+        f(&c.name, "index", c.index.to_string(), n.index.to_string());
+        f(&c.name, "compute slices", c.compute_slices.to_string(), n.compute_slices.to_string());
+        f(&c.name, "memory slices", c.memory_slices.to_string(), n.memory_slices.to_string());
+        f(&c.name, "memory MiB", c.memory_mib.to_string(), n.memory_mib.to_string());
+        f(&c.name, "instances", c.max_instances.to_string(), n.max_instances.to_string());
+        f(&c.name, "multiprocessors", c.multiprocessors.to_string(), n.multiprocessors.to_string());
+        f(&c.name, "engines CE/DEC/ENC/JPG/OFA", engines(c), engines(n));
+        f(&c.name, "placements", placements(c), placements(n));
+    }
+    for n in nvml.profiles.iter().filter(|n| catalog.profile(n.id).is_none()) {
+        field(&n.name, "profile", "absent".into(), format!("ID {}", n.id));
+    }
+    out
+}
+
+/// Placement starts in order, with their size: NVML's order is its own.
+fn placements(p: &super::profile::GiProfile) -> String {
+    let mut starts = p.placements.clone();
+    starts.sort_unstable();
+    let starts: Vec<String> = starts.iter().map(u32::to_string).collect();
+    format!("{{{}}}:{}", starts.join(","), p.memory_slices)
+}
+
+fn engines(p: &super::profile::GiProfile) -> String {
+    let e = &p.engines;
+    format!("{}/{}/{}/{}/{}", e.copy, e.decoders, e.encoders, e.jpeg, e.ofa)
+}
+
 /// The model key for an NVML name: lower case, runs of other characters as one `-`.
 pub fn model_key(name: &str) -> String {
     let mut key = String::with_capacity(name.len());
@@ -225,6 +282,39 @@ mod tests {
             assert_eq!(got.pci_device_ids, [0x2330]);
             assert_eq!(got.evidence, Evidence::Observed);
         }
+    }
+
+    #[test]
+    fn nvml_confirming_the_catalog_differs_in_nothing() {
+        for m in catalog::models() {
+            let got = describe_from_nvml(&query_of(m, true)).unwrap();
+            assert_eq!(differences(m, &got), [], "{}", m.key);
+        }
+    }
+
+    #[test]
+    fn each_figure_nvml_answers_otherwise_is_one_difference() {
+        let h100 = catalog::model("h100-80gb").unwrap();
+        let mut q = query_of(h100, true);
+        let small = q.profiles.iter_mut().find(|p| p.name == "MIG 1g.10gb").unwrap();
+        small.memory_size_mb += 128;
+        small.ofa_count = 1;
+        small.placements.pop();
+        let gone = q.profiles.iter().position(|p| p.name == "MIG 7g.80gb").unwrap();
+        q.profiles.remove(gone);
+        let got = differences(h100, &describe_from_nvml(&q).unwrap());
+        let text: Vec<String> =
+            got.iter().map(|d| format!("{} {}: {} / {}", d.profile, d.field, d.catalog, d.nvml)).collect();
+        assert_eq!(
+            text,
+            [
+                "GPU compute slices: 7 / 4",
+                "1g.10gb memory MiB: 9856 / 9984",
+                "1g.10gb engines CE/DEC/ENC/JPG/OFA: 1/1/0/1/0 / 1/1/0/1/1",
+                "1g.10gb placements: {0,1,2,3,4,5,6}:1 / {1,2,3,4,5,6}:1",
+                "7g.80gb profile: ID 0 / absent",
+            ]
+        );
     }
 
     #[test]

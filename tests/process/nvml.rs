@@ -285,7 +285,10 @@ fn the_device_check_script_is_read_only() {
     assert!(text.contains(&ci.uuid), "the existing instance: {text}");
     assert!(text.contains(&format!("pool {NODE} of {DRIVER}")), "the slices: {text}");
     assert!(text.contains("nvidia-caps"), "the driver's procfs: {text}");
-    for f in ["layout.json", "slices.yaml", "slices-static"] {
+    // NVML's profile answers beside the catalog, for the GPU with MIG off too.
+    assert_eq!(text.matches("NVML confirms the catalog").count(), 2, "profiles --nvml: {text}");
+    assert!(text.contains("(NVIDIA A100-SXM4-40GB, MIG disabled), catalog model a100-40gb"), "{text}");
+    for f in ["layout.json", "slices.yaml", "slices-static", "profiles-nvml.json"] {
         assert!(out_dir.join(f).exists(), "{f} saved");
     }
     assert_eq!(node.hw.state().unwrap(), before, "the hardware is as it was");
@@ -366,6 +369,13 @@ fn a_node_without_a_working_driver_fails_at_start_with_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("failed to load NVML from") && err.contains("--nvml-lib"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    // `profiles --nvml` reads NVML, never the simulator's idea of it.
+    let out = migdra().args(["--sim", "h100-80gb:1", "profiles", "--nvml"]).run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("this reads NVML, not the simulator"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
     let node = FakeNode::new("h100-80gb:1");

@@ -345,9 +345,10 @@ impl Fake {
 
     // === MIG: GPU instances ===
 
-    /// GetGpuInstanceProfileInfoV by profile *index*.
+    /// GetGpuInstanceProfileInfoV by profile *index*. Like the real library's, it answers with
+    /// MIG off too (profile queries are independent of the MIG mode).
     pub fn gi_profile_info(&self, h: usize, index: u32) -> Ret<(GiProfileInfo<'static>, u32)> {
-        let (st, i) = self.mig_gpu(h)?;
+        let (st, i) = self.gpu(h)?;
         if index >= GI_PROFILE_INDEXES {
             return Err(INVALID_ARGUMENT);
         }
@@ -356,9 +357,9 @@ impl Fake {
         Ok((GiProfileInfo { profile: p, name: format!("MIG {}", p.name) }, m.memory_slices))
     }
 
-    /// GetGpuInstancePossiblePlacements_v2: `(start, size)`.
+    /// GetGpuInstancePossiblePlacements_v2: `(start, size)`, with MIG off too.
     pub fn placements(&self, h: usize, profile_id: u32) -> Ret<Vec<(u32, u32)>> {
-        let (st, i) = self.mig_gpu(h)?;
+        let (st, i) = self.gpu(h)?;
         let p = model_of(&st.gpus[i])?.profile(profile_id).ok_or(INVALID_ARGUMENT)?;
         Ok(p.placements.iter().map(|&s| (s, p.memory_slices)).collect())
     }

@@ -79,7 +79,7 @@ pub fn identity(dev: &Device, index: u32) -> Result<Identity> {
 /// The model of a GPU: NVML's description when MIG is on (the catalog's when it agrees), the
 /// catalog's or a whole-GPU-only model otherwise.
 pub fn model(nvml: &Nvml, dev: &Device, id: &Identity) -> Result<GpuModel> {
-    let known = catalog::model_by_pci_device_id(id.pci_device_id).or_else(|| catalog::model_by_nvml_name(&id.name));
+    let known = catalog_model(id);
     if id.mig != MigState::Enabled {
         return Ok(known.cloned().unwrap_or_else(|| whole_gpu_model(id)));
     }
@@ -102,6 +102,19 @@ pub fn model(nvml: &Nvml, dev: &Device, id: &Identity) -> Result<GpuModel> {
         }
         None => Ok(described),
     }
+}
+
+/// The catalog's model of a GPU: by PCI device ID, else by NVML name.
+pub fn catalog_model(id: &Identity) -> Option<&'static GpuModel> {
+    catalog::model_by_pci_device_id(id.pci_device_id).or_else(|| catalog::model_by_nvml_name(&id.name))
+}
+
+/// The model NVML's own answers describe, whatever the MIG mode: the profile queries answer
+/// with MIG off on drivers that support it, which lets an operator check the catalog against a
+/// GPU before turning MIG on. Read-only.
+pub fn observe(nvml: &Nvml, dev: &Device, id: &Identity) -> Result<GpuModel> {
+    describe_from_nvml(&describe(nvml, dev, id)?)
+        .map_err(|e| GpuError::Unsupported(format!("GPU {} (MIG {:?}): {e}", id.uuid, id.mig)))
 }
 
 /// Every GPU instance profile NVML answers for, with its placements.

@@ -146,6 +146,18 @@ impl NvmlBackend {
         Ok(NvmlBackend { nvml, lib, procfs: opts.procfs.clone(), gpus, health, _watcher: watcher })
     }
 
+    /// Each GPU's identity, with the model NVML's own profile answers describe (whatever the MIG
+    /// mode), for comparison with the catalog. Read-only: profile info and placements only.
+    pub fn observed(&self) -> Vec<(discovery::Identity, Result<GpuModel>)> {
+        self.gpus
+            .iter()
+            .map(|k| {
+                let model = self.device(k).and_then(|dev| discovery::observe(&self.nvml, &dev, &k.identity));
+                (k.identity.clone(), model)
+            })
+            .collect()
+    }
+
     /// The library this backend loaded.
     pub fn lib_path(&self) -> &str {
         &self.lib
