@@ -21,10 +21,11 @@ mod support;
 #[path = "../benches/packing/mod.rs"]
 mod study;
 
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use migdra::claims::ClaimRef;
 use migdra::kube::slices::{self, Layout};
 use migdra::kubelet::client::{TestKubelet, Version};
@@ -1598,6 +1599,71 @@ async fn serve_killed_after_an_api_write_converges_when_started_again() {
     assert_eq!(ours(&claim)[0]["device"], devices[0].as_str());
     cluster.finish("p-status", true).await;
     assert!(cluster.node.checkpoint().is_empty());
+}
+
+/// A device a claim holds stays published whatever `--profiles` says: the scheduler allocates a
+/// 3g.40gb device, migdra restarts with `--profiles 1g.10gb` before the kubelet prepares it (so no
+/// instance keeps it published), and the device stays, in every publication, until the claim
+/// lets go; then the allowlist applies. Without the claims followed, the restart drops it and the
+/// scheduler stops counting what it consumes (kubernetes#140802).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_device_stays_published_whatever_the_allowlist() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = Cluster::start().await;
+    let names = |slices: &[ResourceSlice]| -> BTreeSet<String> {
+        slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).map(|d| d.name.clone()).collect()
+    };
+    cluster.create_pod("held", "3g.40gb", None).await;
+    assert!(cluster.outcome_bound_within("held", Duration::from_secs(60)).await, "{}", cluster.diagnostics());
+    let device = allocated(&cluster.pod_claims("held").await[0])[0].clone();
+    assert!(device.contains("-mig-3g40gb-"), "{device}");
+    let gpu = format!("gpu-{}-mig-", DeviceName::parse(&device).unwrap().minor());
+    cluster.daemon.terminate(Duration::from_secs(5)).await;
+
+    // Every version of our slices from here on, as a watch sees them.
+    let api: Api<ResourceSlice> = Api::all(cluster.client.clone());
+    let of_node = format!("{DRIVER}/node={NODE}");
+    let from = api.list(&ListParams::default().labels(&of_node)).await.unwrap().metadata.resource_version.unwrap();
+    let mut stream = api.watch(&WatchParams::default().labels(&of_node), &from).await.unwrap().boxed();
+    let (daemon, kubelet) =
+        cluster.node.serve().args(["--resync", RESYNC_ARG, "--profiles", "1g.10gb"]).registered().await;
+    (cluster.daemon, cluster.kubelet) = (daemon, kubelet);
+    let allowlisted = |names: &BTreeSet<String>| !names.iter().any(|n| n.contains("-mig-2g20gb-"));
+    let mut seen = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut last = BTreeMap::<String, BTreeSet<String>>::new();
+    while !(last.len() > 1 && allowlisted(&last.values().flatten().cloned().collect())) {
+        let event = tokio::time::timeout_at(deadline, stream.next()).await;
+        let Ok(Some(Ok(event))) = event else { panic!("no allowlisted publication: {}", cluster.diagnostics()) };
+        match event {
+            WatchEvent::Added(s) | WatchEvent::Modified(s) => {
+                seen += 1;
+                let here = names(std::slice::from_ref(&s));
+                assert!(
+                    !here.iter().any(|n| n.starts_with(&gpu)) || here.contains(&device),
+                    "a publication of {gpu}'s devices without the held {device}: {here:?}"
+                );
+                last.insert(s.metadata.name.clone().unwrap(), here);
+            }
+            WatchEvent::Deleted(s) => {
+                last.remove(s.metadata.name.as_deref().unwrap());
+            }
+            _ => {}
+        }
+    }
+    assert!(seen > 0, "the restart wrote slices");
+    let published = cluster.published(Duration::from_secs(30)).await;
+    assert_eq!(slices::validate(&published, cluster.layout), Vec::<String>::new());
+    let now = names(&published);
+    assert!(allowlisted(&now), "--profiles applies: {now:?}");
+    assert!(now.contains(&device), "the held {device} is published: {now:?}");
+
+    // Released: gone at the next full check.
+    cluster.finish("held", false).await;
+    eventually(format!("{device} unpublished once released"))
+        .within(Duration::from_secs(30))
+        .until_async(|| async { !names(&cluster.published(Duration::from_secs(30)).await).contains(&device) })
+        .await;
 }
 
 /// `kubectl-migdra ARGS`: this build's binary under its kubectl plugin name, against the control

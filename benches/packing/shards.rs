@@ -257,7 +257,7 @@ mod tests {
         Dev { gpu, placed: Placed { profile_id: profile(name).id, start } }
     }
 
-    fn node(gpus: usize, devs: &[Dev]) -> Node {
+    fn node(gpus: usize, devs: &[Dev]) -> Node<'static> {
         let mut n = Node::new(h100(), gpus, 2);
         devs.iter().for_each(|d| n.allocate(*d));
         n

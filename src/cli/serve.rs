@@ -183,6 +183,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let state = Arc::new(PluginState::default());
         let mut publisher = None;
+        let mut allocations_follower: Option<tokio::task::JoinHandle<()>> = None;
         let (driver, claims) = match &global.node.claims_dir {
             Some(dir) => {
                 tracing::info!(dir = %dir.display(), "claims from files; no API server");
@@ -197,7 +198,17 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 let writer = StatusWriter::new(client.clone(), &global.node.driver_name, &engine.options().pool);
                 let events = crate::kube::events::Recorder::new(client.clone(), &engine.options().pool);
                 let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
+                let allocations = Arc::new(crate::kube::allocations::Allocations::default());
+                let claims_api = kube::Api::all(client.clone());
+                let (driver_name, pool) = (engine.options().driver.clone(), engine.options().pool.clone());
+                allocations_follower = Some(tokio::spawn(crate::kube::allocations::follow(
+                    claims_api,
+                    driver_name,
+                    pool,
+                    allocations.clone(),
+                )));
                 let p = Publisher::new(client, engine.clone(), layout)
+                    .with_allocations(allocations)
                     .with_server(&server)
                     .with_status_file(publisher_status)
                     .with_events(events)
@@ -247,6 +258,9 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         let _ = health_requests.await;
         if let Some(p) = publisher {
             let _ = p.await;
+        }
+        if let Some(f) = allocations_follower {
+            f.abort();
         }
         if let Some(m) = metrics {
             let _ = m.await;

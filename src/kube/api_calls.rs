@@ -65,6 +65,7 @@ const PUBLISHER: &str = "src/kube/publisher.rs";
 const CLAIMS: &str = "src/kube/claims.rs";
 const STATUS: &str = "src/kube/claim_status.rs";
 const EVENTS: &str = "src/kube/events.rs";
+const ALLOCATIONS: &str = "src/kube/allocations.rs";
 
 /// Every resource request migdra makes.
 pub const API_CALLS: &[ApiCall] = &[
@@ -96,6 +97,15 @@ pub const API_CALLS: &[ApiCall] = &[
         file: STATUS,
         why: "1.36+: the server's own check on the status.devices write",
     },
+    call(
+        RESOURCE,
+        "resourceclaims",
+        None,
+        "list",
+        ALLOCATIONS,
+        "every claim, paged: the devices of this node's pool held",
+    ),
+    call(RESOURCE, "resourceclaims", None, "watch", ALLOCATIONS, "follow allocations and releases on this node's pool"),
     call("", "events", None, "get", EVENTS, "find the Event a repeated failure already has"),
     call("", "events", None, "create", EVENTS, "a Warning on a failed claim or on the Node"),
     call("", "events", None, "update", EVENTS, "count a repeat of the same failure"),

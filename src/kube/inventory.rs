@@ -7,10 +7,11 @@ use crate::gpu::{GpuBackend, GpuError};
 use crate::mig::allowlist::Allowlist;
 use crate::mig::counters;
 use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, dynamic_counters, gpu_devices};
-use crate::mig::naming::NameStyle;
+use crate::mig::naming::{DeviceName, NameStyle};
 use crate::mig::taints::{self, Cause, GpuHealth, TaintPolicy};
 use crate::packing::policy::{self, DeviceOrder};
 use crate::prepare::{Engine, GpuEntry};
+use std::collections::BTreeSet;
 
 /// What the device model needs to know about an engine's GPU.
 pub fn identity(gpu: &GpuEntry) -> GpuIdentity {
@@ -119,6 +120,35 @@ pub fn node_gpus(engine: &Engine, whole_gpu: bool) -> Result<Vec<GpuSlices>, Gpu
 /// # Errors
 /// NVML fails to list the GPUs or a GPU's instances.
 pub fn node_gpus_with(engine: &Engine, whole_gpu: bool, opts: PublishOptions) -> Result<Vec<GpuSlices>, GpuError> {
+    node_gpus_holding(engine, whole_gpu, opts, &BTreeSet::new())
+}
+
+/// The profiles of a GPU's devices that claims hold (`held`: device names of this node's
+/// pool), by name: they stay published whatever `--profiles` says.
+fn held_profiles(gpu: &GpuEntry, held: &BTreeSet<String>) -> Vec<String> {
+    held.iter()
+        .filter_map(|name| match DeviceName::parse(name) {
+            Ok(DeviceName::Mig { parent_minor, profile_id, .. }) if parent_minor == gpu.info.minor => {
+                gpu.model.profile(profile_id).map(|p| p.name.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// [`node_gpus_with`], keeping published every device in `held` (the devices of this node's pool
+/// that claims hold): a profile `--profiles` leaves out stays published on a GPU while a claim
+/// holds a device of it, so an operator's new allowlist never drops an allocated device
+/// (kubernetes#140802); its instance, once prepared, keeps it published as well.
+///
+/// # Errors
+/// NVML fails to list the GPUs or a GPU's instances.
+pub fn node_gpus_holding(
+    engine: &Engine,
+    whole_gpu: bool,
+    opts: PublishOptions,
+    held: &BTreeSet<String>,
+) -> Result<Vec<GpuSlices>, GpuError> {
     let backend = engine.backend();
     let health = match opts.taints {
         TaintPolicy::Off => Vec::new(),
@@ -140,7 +170,8 @@ pub fn node_gpus_with(engine: &Engine, whole_gpu: bool, opts: PublishOptions) ->
                 Err(e) => return Err(e),
             };
             let opts = engine.options();
-            let mut gpu = gpu_slices(g, &existing, whole_gpu, order, opts.device_names, &opts.profiles);
+            let profiles = opts.profiles.including(&held_profiles(g, held));
+            let mut gpu = gpu_slices(g, &existing, whole_gpu, order, opts.device_names, &profiles);
             if let Some(h) = health.get(i) {
                 taints::apply(&mut gpu.devices, h, &opts.driver, policy);
             }

@@ -5,6 +5,7 @@
 //!   in both layouts (counters beside devices before 1.35, in their own slices from 1.35).
 //! - [`inventory`]: the node's GPUs as the slice builder takes them, read from the prepare engine.
 //! - [`publisher`]: publishes the slices and repairs drift.
+//! - [`allocations`]: the devices of this node's pool that claims hold, from a watch of claims.
 //! - [`publish_status`]: whether it publishes, on disk for `migdra probe --ready`.
 //! - [`claims`]: the claim source backed by the API server.
 //! - [`claim_status`]: the claim status writer (`status.devices[]` with Ready and the bridge's data).
@@ -12,6 +13,7 @@
 //! - [`events`]: Warning events on failed claims and on the Node.
 //! - [`backoff`]: the jittered, doubling wait between API retries.
 
+pub mod allocations;
 pub mod api_calls;
 pub mod backoff;
 pub mod claim_status;

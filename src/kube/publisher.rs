@@ -6,7 +6,10 @@
 //!   pool is never incomplete (from 1.35 an incomplete pool is skipped); otherwise the generation
 //!   is bumped and every slice rewritten, extras deleted last.
 //! - Dynamic GPUs always publish every partition with the same counter consumption, so an
-//!   allocated device is never dropped or changed (kubernetes#140802).
+//!   allocated device is never dropped or changed (kubernetes#140802). With `--profiles`, a
+//!   profile left out stays published on a GPU while a claim holds a device of it: the claims
+//!   allocated on this node are followed ([`super::allocations`]), and a held device the slices
+//!   lack publishes again at once.
 //! - Our slices are watched: the kubelet deletes a node's slices when it starts, and people edit
 //!   them; any drift is repaired by publishing again. A full check also runs every resync period.
 //! - Unhealthy GPUs' devices carry a taint ([`crate::mig::taints`]). Health is polled every
@@ -17,6 +20,7 @@
 //! - Each round's outcome goes to the status file `migdra probe --ready` reads
 //!   ([`super::publish_status`]); a failure names the API server it tried, with every cause.
 
+use super::allocations::Allocations;
 use super::inventory::{self, PublishOptions};
 use super::publish_status::{self, PublishStatus};
 use super::slices::{self, Layout, TaintSet};
@@ -95,6 +99,13 @@ pub struct Publisher {
     /// Where each round's outcome is written for `migdra probe --ready`; none in tests that
     /// do not probe.
     status_file: Option<PathBuf>,
+    /// The devices of this node's pool that claims hold; none in tests that do not follow claims.
+    allocations: Option<Arc<Allocations>>,
+    /// Every device name the last publication built or was asked to keep, to tell whether a
+    /// newly held device has been considered.
+    last_devices: Mutex<BTreeSet<String>>,
+    /// Whether the last publication knew the claims (else it kept everything published).
+    known: std::sync::atomic::AtomicBool,
 }
 
 impl Publisher {
@@ -113,6 +124,9 @@ impl Publisher {
             dropped: Mutex::new(None),
             server: "the API server".into(),
             status_file: None,
+            allocations: None,
+            last_devices: Mutex::new(BTreeSet::new()),
+            known: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -145,6 +159,14 @@ impl Publisher {
     /// Also post a Warning event on the Node when publishing fails.
     pub fn with_events(mut self, events: super::events::Recorder) -> Self {
         self.events = Some(events);
+        self
+    }
+
+    /// Keep every device that claims hold published (`allocations`, kept by
+    /// [`super::allocations::follow`]), and publish again when one is held that the last
+    /// publication lacks.
+    pub fn with_allocations(mut self, allocations: Arc<Allocations>) -> Self {
+        self.allocations = Some(allocations);
         self
     }
 
@@ -189,16 +211,37 @@ impl Publisher {
             .await
             .map_err(|source| PublishError::Api { op: "read the Node", source })?
             .and_then(|n| n.metadata.uid);
-        let (engine, opts) = (self.engine.clone(), self.opts);
-        let gpus = tokio::task::spawn_blocking(move || inventory::node_gpus_with(&engine, false, opts))
-            .await
-            .map_err(|e| crate::gpu::GpuError::Invalid(e.to_string()))??;
         let (labels, fields) = self.selector();
         let list = self
             .api()
             .list(&ListParams::default().labels(&labels).fields(&fields))
             .await
             .map_err(|source| PublishError::Api { op: "list our ResourceSlices", source })?;
+        let (engine, opts) = (self.engine.clone(), self.opts);
+        // Until the claims are known, whatever is published now may be held: keep it all.
+        let known = self.allocations.as_ref().map(|a| a.devices());
+        self.known.store(!matches!(known, Some(None)), std::sync::atomic::Ordering::Relaxed);
+        let held = match known {
+            None => BTreeSet::new(),
+            Some(Some(held)) => held,
+            Some(None) => {
+                list.items.iter().flat_map(|s| s.spec.devices.iter().flatten()).map(|d| d.name.clone()).collect()
+            }
+        };
+        let gpus = {
+            let held = held.clone();
+            tokio::task::spawn_blocking(move || inventory::node_gpus_holding(&engine, false, opts, &held))
+                .await
+                .map_err(|e| crate::gpu::GpuError::Invalid(e.to_string()))??
+        };
+        let names: BTreeSet<String> = gpus.iter().flat_map(|g| g.devices.iter().map(|d| d.name.clone())).collect();
+        let missing: Vec<&String> = held.difference(&names).collect();
+        if !missing.is_empty() && self.known.load(std::sync::atomic::Ordering::Relaxed) {
+            // A lost GPU, or a name no GPU of this node has: nothing to publish it from.
+            tracing::error!(devices = ?missing, "claims hold devices this node cannot publish: the scheduler no longer counts what they consume");
+        }
+        // What this round considered: a held device it could not publish does not start another.
+        *self.last_devices.lock().unwrap_or_else(PoisonError::into_inner) = names.union(&held).cloned().collect();
         let listed_at = list.metadata.resource_version;
         let existing = list.items;
         let current_gen = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
@@ -365,10 +408,33 @@ impl Publisher {
             tokio::select! {
                 () = &mut shutdown => return,
                 () = self.watch_for_drift(listed_at.as_deref(), &written) => {}
+                () = self.held_unpublished() => {
+                    tracing::info!("a claim holds a device the slices lack: publishing again");
+                }
                 () = self.health_change(&seen) => {
                     tracing::info!("GPU health changed: publishing the taints again");
                     *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 }
+            }
+        }
+    }
+
+    /// Returns when a claim holds a device the last publication lacks (a profile `--profiles`
+    /// leaves out, allocated before this pod started), or when the claims become known after a
+    /// publication that kept everything; never without allocations followed.
+    async fn held_unpublished(&self) {
+        let Some(allocations) = &self.allocations else { return std::future::pending().await };
+        let mut changes = allocations.subscribe();
+        loop {
+            if let Some(held) = allocations.devices() {
+                let last = self.last_devices.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                // Newly held and not published, or the claims known at last: publish again.
+                if !held.is_subset(&last) || !self.known.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+            }
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
             }
         }
     }

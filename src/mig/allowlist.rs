@@ -37,6 +37,20 @@ impl Allowlist {
         self.0.is_empty()
     }
 
+    /// This list and `more` too (nothing to add to "all").
+    pub fn including<S: AsRef<str>>(&self, more: &[S]) -> Self {
+        if self.is_all() {
+            return self.clone();
+        }
+        let mut names = self.0.clone();
+        for m in more.iter().map(AsRef::as_ref) {
+            if !names.iter().any(|n| n == m) {
+                names.push(m.to_string());
+            }
+        }
+        Self(names)
+    }
+
     pub fn allows(&self, profile: &GiProfile) -> bool {
         self.is_all() || self.0.contains(&profile.name)
     }
@@ -113,5 +127,12 @@ mod tests {
         let e = Allowlist::new(&["1g.18gb"]).check([(3, h100)]).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("GPU 3") && msg.contains("1g.18gb") && msg.contains("7g.80gb"), "{msg}");
+    }
+
+    #[test]
+    fn including_adds_each_name_once_and_all_stays_all() {
+        let list = Allowlist::new(&["1g.10gb"]);
+        assert_eq!(list.including(&["3g.40gb", "1g.10gb", "3g.40gb"]), Allowlist::new(&["1g.10gb", "3g.40gb"]));
+        assert!(Allowlist::all().including(&["3g.40gb"]).is_all());
     }
 }

@@ -103,8 +103,8 @@ impl Table {
 
 /// The node: identical GPUs of one model, grouped into device slices, and what is allocated.
 #[derive(Debug, Clone)]
-pub struct Node {
-    model: &'static GpuModel,
+pub struct Node<'m> {
+    model: &'m GpuModel,
     table: Table,
     allocated: Vec<Vec<Placed>>,
     /// Per GPU, the counters its allocated devices consume together.
@@ -112,9 +112,9 @@ pub struct Node {
     gpus_per_slice: usize,
 }
 
-impl Node {
+impl<'m> Node<'m> {
     /// `gpus` GPUs of `model`, `gpus_per_slice` of them in each device slice, in GPU order.
-    pub fn new(model: &'static GpuModel, gpus: usize, gpus_per_slice: usize) -> Self {
+    pub fn new(model: &'m GpuModel, gpus: usize, gpus_per_slice: usize) -> Self {
         let table = Table::new(model);
         let zero = vec![0; table.capacity.len()];
         Self {
@@ -126,7 +126,7 @@ impl Node {
         }
     }
 
-    pub fn model(&self) -> &'static GpuModel {
+    pub fn model(&self) -> &'m GpuModel {
         self.model
     }
 

@@ -221,7 +221,7 @@ mod tests {
     }
 
     /// A node of 4 H100s, two per slice, with random allocations made by the allocator's rules.
-    fn random_nodes(seed: u64) -> Vec<Node> {
+    fn random_nodes(seed: u64) -> Vec<Node<'static>> {
         let m = h100();
         let mut rng = Rng::new(seed);
         let all: Vec<Dev> = (0..4)

@@ -773,8 +773,6 @@ const ALLOWANCES: &[(&str, &str, &str, &str)] = &[
         "the plugin may use every verb on its slices; the admission policy keeps writes to its own node",
     ),
     ("resource.k8s.io", "resourceslices", "patch", "the plugin may use every verb on its slices"),
-    ("resource.k8s.io", "resourceclaims", "list", "get, list and watch on claims, for a claim informer"),
-    ("resource.k8s.io", "resourceclaims", "watch", "get, list and watch on claims, for a claim informer"),
     ("resource.k8s.io", "resourceclaims/status", "patch", "the patch twin of update"),
     (
         "resource.k8s.io",
