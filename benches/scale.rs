@@ -15,6 +15,9 @@
 //! - `migdra-lean`: migdra without 8 attributes every partition of a GPU repeats;
 //! - `migdra-classes`, `migdra-allowlist-classes`: the claims name the per-profile DeviceClass
 //!   (`mig-1g.10gb`) instead of the `mig` class with a profile selector;
+//! - `migdra-fitting`: `migdra-allowlist-classes`, each node re-publishing after each allocation
+//!   only what can still be allocated beside what its claims hold (the bench plays every node's
+//!   publisher, with migdra's own `keep_fitting`; it prints the slice writes per pod bound);
 //!
 //! then a seeded pod mix whose claims come from templates (60 % 1g.10gb, 20 % 2g.20gb, 10 %
 //! 3g.40gb, 10 % 7g.80gb; whole GPUs: one GPU each), all created at once. It prints pods/s,
@@ -26,7 +29,7 @@
 //! Run (by hand; not in CI):
 //!   cargo bench --bench scale -- --controlplanes DIR[,DIR] [--nodes 50,100,200] [--pods 300]
 //!       [--layouts migdra,migdra-wide,migdra-allowlist,migdra-lean,migdra-classes,
-//!       migdra-allowlist-classes,whole,nvidia] [--seed N] [--stall 30s]
+//!       migdra-allowlist-classes,migdra-fitting,whole,nvidia] [--seed N] [--stall 30s]
 //!       [--profile 20s]
 //! DIR is a `hack/build-controlplane.sh` bin directory (it prints it), e.g.
 //! ~/.cache/migdra/controlplane-v1.36.3-etcd-v3.6.8/bin; default: MIGDRA_CONTROLPLANE_BIN.
@@ -40,15 +43,18 @@ mod support;
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{DynamicObject, PostParams, WatchEvent, WatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use migdra::kube::allocations::held_devices;
 use migdra::packing::allocator::Rng;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::DRIVER;
 use support::cluster::{apply, create_node, repo};
 use support::command::{Run, migdra};
 use support::controlplane::ControlPlane;
@@ -78,17 +84,22 @@ enum Layout {
     MigdraClasses,
     /// Both: `--profiles` and per-profile classes.
     MigdraAllowlistClasses,
+    /// [`Layout::MigdraAllowlistClasses`], each node publishing only what can still be allocated:
+    /// after each allocation its slices are built again and what its held devices block left
+    /// out ([`migdra::kube::slices::keep_fitting`]), changed slices replaced in place.
+    MigdraFitting,
     Whole,
     Nvidia,
 }
 
-const LAYOUTS: [(&str, Layout); 8] = [
+const LAYOUTS: [(&str, Layout); 9] = [
     ("migdra", Layout::Migdra),
     ("migdra-wide", Layout::MigdraWide),
     ("migdra-allowlist", Layout::MigdraAllowlist),
     ("migdra-lean", Layout::MigdraLean),
     ("migdra-classes", Layout::MigdraClasses),
     ("migdra-allowlist-classes", Layout::MigdraAllowlistClasses),
+    ("migdra-fitting", Layout::MigdraFitting),
     ("whole", Layout::Whole),
     ("nvidia", Layout::Nvidia),
 ];
@@ -110,11 +121,11 @@ impl Layout {
     }
 
     fn allowlist(self) -> bool {
-        matches!(self, Self::MigdraAllowlist | Self::MigdraAllowlistClasses)
+        matches!(self, Self::MigdraAllowlist | Self::MigdraAllowlistClasses | Self::MigdraFitting)
     }
 
     fn class_per_profile(self) -> bool {
-        matches!(self, Self::MigdraClasses | Self::MigdraAllowlistClasses)
+        matches!(self, Self::MigdraClasses | Self::MigdraAllowlistClasses | Self::MigdraFitting)
     }
 }
 
@@ -174,6 +185,9 @@ struct Figures {
     fill: f64,
     /// `kubectl migdra usage` and `why`, each the best of three runs (migdra's default layout).
     cli: Option<(Duration, Duration)>,
+    /// Slice writes after the first publication ([`Layout::MigdraFitting`]), and devices left
+    /// out at the end, over all nodes.
+    rewrites: Option<(u64, usize)>,
 }
 
 impl Figures {
@@ -205,6 +219,14 @@ fn main() {
                     f.p99.as_millis(),
                     f.slice_bytes / 1000
                 );
+                if let Some((writes, left)) = f.rewrites {
+                    println!(
+                        "  {} N={n} {}: {writes} slice writes after the first publication = {:.2} per pod bound; {left} devices left out at the end",
+                        f.version,
+                        layout.name(),
+                        writes as f64 / f.bound.max(1) as f64
+                    );
+                }
                 if let Some((usage, why)) = f.cli {
                     println!(
                         "  {} N={n}: kubectl migdra usage {} ms, why {} ms",
@@ -332,6 +354,17 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
         .collect::<Vec<_>>()
         .await;
     }
+    let republisher = (layout == Layout::MigdraFitting).then(|| {
+        let stats = Arc::new(Mutex::new((0_u64, 0_usize)));
+        let full: HashMap<String, Vec<ResourceSlice>> = nodes
+            .iter()
+            .map(|node| {
+                let typed = node_slices(node, layout).into_iter().map(|s| serde_json::from_value(s).unwrap()).collect();
+                (node.clone(), typed)
+            })
+            .collect();
+        (tokio::spawn(keep_fitting(client.clone(), full, stats.clone())), stats)
+    });
     // Let the scheduler's informers take every slice in before the clock starts.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -385,6 +418,10 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
     }
     let cpu = cpu_time(scheduler) - cpu0;
     watcher.abort();
+    let rewrites = republisher.map(|(task, stats)| {
+        task.abort();
+        *stats.lock().unwrap()
+    });
     let bound_at = bound_at.lock().unwrap().clone();
     let last = bound_at.values().max().copied().unwrap_or(t0);
     let mut latencies: Vec<Duration> =
@@ -411,6 +448,84 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
         slice_bytes,
         fill,
         cli,
+        rewrites,
+    }
+}
+
+/// What each node's migdra does when it publishes only what can still be allocated, for every
+/// node at once: one task follows the claims; each node's own task, woken by a change of what
+/// its claims hold (several changes coalesce), builds the node's slices again from `full` less
+/// what its held devices block and replaces the changed ones in place (the pool's generation
+/// stays: one slice changes per allocation). `stats`: writes so far, devices left out now.
+async fn keep_fitting(
+    client: kube::Client,
+    full: HashMap<String, Vec<ResourceSlice>>,
+    stats: Arc<Mutex<(u64, usize)>>,
+) {
+    type Held = std::collections::BTreeSet<String>;
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let claims: Api<ResourceClaim> = Api::all(client);
+    let mut written: HashMap<String, ResourceSlice> = HashMap::new();
+    for s in slices.list(&Default::default()).await.unwrap().items {
+        written.insert(s.metadata.name.clone().unwrap(), s);
+    }
+    let mut senders = HashMap::new();
+    let mut workers = Vec::new();
+    for (node, mine) in full {
+        let (tx, mut rx) = tokio::sync::watch::channel(Held::new());
+        senders.insert(node.clone(), tx);
+        let mut written: HashMap<String, ResourceSlice> = written.extract_if(|_, s| s.spec.pool.name == node).collect();
+        let (slices, stats) = (slices.clone(), stats.clone());
+        workers.push(tokio::spawn(async move {
+            let total = mine.iter().flat_map(|s| s.spec.devices.iter().flatten()).count();
+            let mut left_before = 0;
+            while rx.changed().await.is_ok() {
+                let keep = rx.borrow_and_update().clone();
+                let mut want = mine.clone();
+                let left = migdra::kube::slices::keep_fitting(&mut want, &keep);
+                for mut s in want {
+                    let name = s.metadata.name.clone().unwrap();
+                    let have = &written[&name];
+                    if have.spec == s.spec {
+                        continue;
+                    }
+                    s.metadata.resource_version = have.metadata.resource_version.clone();
+                    let now = slices.replace(&name, &PostParams::default(), &s).await.unwrap();
+                    written.insert(name, now);
+                    stats.lock().unwrap().0 += 1;
+                }
+                let mut st = stats.lock().unwrap();
+                st.1 = st.1 + left - left_before;
+                left_before = left;
+                debug_assert!(left <= total);
+            }
+        }));
+    }
+    let _workers = AbortOnDrop(workers);
+    let mut held: HashMap<String, BTreeMap<String, Vec<String>>> = HashMap::new();
+    let from = claims.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
+    let mut events = claims.watch(&WatchParams::default(), &from).await.unwrap().boxed();
+    while let Some(event) = events.next().await {
+        let Ok(WatchEvent::Added(c) | WatchEvent::Modified(c)) = event else { continue };
+        let uid = c.metadata.uid.clone().unwrap_or_default();
+        for (node, tx) in &senders {
+            let devices = held_devices(&c, DRIVER, node);
+            let of_node = held.entry(node.clone()).or_default();
+            if of_node.get(&uid).map_or(devices.is_empty(), |d| *d == devices) {
+                continue;
+            }
+            of_node.insert(uid.clone(), devices);
+            tx.send_replace(of_node.values().flatten().cloned().collect());
+        }
+    }
+}
+
+/// Tasks aborted when the bench stops following.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.iter().for_each(tokio::task::JoinHandle::abort);
     }
 }
 
@@ -574,6 +689,7 @@ fn node_slices(node: &str, layout: Layout) -> Vec<Value> {
         | Layout::MigdraAllowlist
         | Layout::MigdraClasses
         | Layout::MigdraAllowlistClasses
+        | Layout::MigdraFitting
         | Layout::Whole => items,
         Layout::MigdraWide => wide_slices(&items),
         Layout::MigdraLean => {

@@ -37,6 +37,7 @@ use migdra::packing::allocator::{Dev, Node, Rng};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use support::cluster::{Outcome, allocated, apply, claim_ref, create_node, ours, outcome, pool, repo};
 use support::command::{Run, migdra};
@@ -1663,6 +1664,186 @@ async fn a_held_device_stays_published_whatever_the_allowlist() {
     eventually(format!("{device} unpublished once released"))
         .within(Duration::from_secs(30))
         .until_async(|| async { !names(&cluster.published(Duration::from_secs(30)).await).contains(&device) })
+        .await;
+}
+
+/// One recorded change, for replaying both watches in the order the API server wrote them.
+enum Seen {
+    /// A slice version: its name and its devices (name → JSON); `None` when deleted.
+    Slice(String, Option<BTreeMap<String, String>>),
+    /// A claim: its UID and the devices of our pool it holds (none: released or deleted).
+    Claim(String, Vec<String>),
+}
+
+/// Every change of `api`'s objects from `version` on, as (resourceVersion, what) into `into`.
+async fn record<K, F>(api: Api<K>, params: WatchParams, version: String, into: Arc<StdMutex<Vec<(u64, Seen)>>>, what: F)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(&K, bool) -> Seen,
+{
+    let mut stream = api.watch(&params, &version).await.unwrap().boxed();
+    while let Some(event) = stream.next().await {
+        let (k, deleted) = match event {
+            Ok(WatchEvent::Added(k) | WatchEvent::Modified(k)) => (k, false),
+            Ok(WatchEvent::Deleted(k)) => (k, true),
+            Ok(WatchEvent::Bookmark(_)) => continue,
+            other => panic!("watch broke: {other:?}"),
+        };
+        let rv: u64 = k.meta().resource_version.as_deref().unwrap().parse().unwrap();
+        into.lock().unwrap().push((rv, what(&k, deleted)));
+    }
+}
+
+/// `--publish fitting` raced against the real scheduler's allocations and the claim controller's
+/// releases: waves of pods of every profile created and deleted while migdra publishes again after
+/// each change. Replayed in the API server's write order, every version of our slices holds every
+/// device then allocated, byte for byte as the full publication has it (counter sets too), and no
+/// two claims ever hold overlapping partitions; devices did leave, and came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_only_what_fits_never_drops_an_allocated_device() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = Cluster::start().await;
+    let devices_of = |s: &ResourceSlice| -> BTreeMap<String, String> {
+        s.spec.devices.iter().flatten().map(|d| (d.name.clone(), serde_json::to_string(d).unwrap())).collect()
+    };
+    let full = cluster.published(Duration::from_secs(30)).await;
+    let reference: BTreeMap<String, String> = full.iter().flat_map(devices_of).collect();
+    let sets = |s: &[ResourceSlice]| -> Vec<String> {
+        s.iter().filter_map(|s| s.spec.shared_counters.as_ref()).map(|c| serde_json::to_string(c).unwrap()).collect()
+    };
+    let full_sets = sets(&full);
+    // Which slice carries each GPU's partitions (`gpu-<minor>-mig-`).
+    let slice_of: BTreeMap<String, String> = full
+        .iter()
+        .flat_map(|s| {
+            devices_of(s).into_keys().filter_map(move |d| {
+                let i = d.find("-mig-")?;
+                Some((d[..i + 5].to_string(), s.metadata.name.clone().unwrap()))
+            })
+        })
+        .collect();
+    cluster.daemon.terminate(Duration::from_secs(5)).await;
+
+    let seen = Arc::new(StdMutex::new(Vec::new()));
+    let slices_api: Api<ResourceSlice> = Api::all(cluster.client.clone());
+    let of_node = format!("{DRIVER}/node={NODE}");
+    let listed = slices_api.list(&ListParams::default().labels(&of_node)).await.unwrap();
+    let mut state: BTreeMap<String, BTreeMap<String, String>> =
+        listed.items.iter().map(|s| (s.metadata.name.clone().unwrap(), devices_of(s))).collect();
+    let claims_api: Api<ResourceClaim> = Api::all(cluster.client.clone());
+    let claims_listed = claims_api.list(&ListParams::default()).await.unwrap();
+    assert!(claims_listed.items.is_empty());
+    let watchers = [
+        tokio::spawn(record(
+            slices_api.clone(),
+            WatchParams::default().labels(&of_node),
+            listed.metadata.resource_version.unwrap(),
+            seen.clone(),
+            move |s: &ResourceSlice, deleted| {
+                Seen::Slice(s.metadata.name.clone().unwrap(), (!deleted).then(|| devices_of(s)))
+            },
+        )),
+        tokio::spawn(record(
+            claims_api,
+            WatchParams::default(),
+            claims_listed.metadata.resource_version.unwrap(),
+            seen.clone(),
+            |c: &ResourceClaim, deleted| {
+                let held = if deleted { Vec::new() } else { migdra::kube::allocations::held_devices(c, DRIVER, NODE) };
+                Seen::Claim(c.metadata.uid.clone().unwrap(), held)
+            },
+        )),
+    ];
+    let (daemon, kubelet) =
+        cluster.node.serve().args(["--resync", RESYNC_ARG, "--publish", "fitting"]).registered().await;
+    (cluster.daemon, cluster.kubelet) = (daemon, kubelet);
+
+    // Waves: create pods of every profile at once, then delete some of the oldest.
+    let profiles = ["1g.10gb", "2g.20gb", "1g.10gb", "3g.40gb", "1g.10gb", "7g.80gb"];
+    let mut live: Vec<String> = Vec::new();
+    let zero = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    for wave in 0..8 {
+        for (i, p) in profiles.iter().enumerate() {
+            let name = format!("race-{wave}-{i}");
+            cluster.create_pod(&name, p, None).await;
+            live.push(name);
+        }
+        tokio::time::sleep(Duration::from_millis(300 + 100 * (wave % 3))).await;
+        for name in live.drain(..live.len().min(4)) {
+            cluster.pods().delete(&name, &zero).await.unwrap();
+        }
+    }
+    // Quiet: the last allocations and releases published.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    watchers.iter().for_each(tokio::task::JoinHandle::abort);
+
+    let mut events = std::mem::take(&mut *seen.lock().unwrap());
+    events.sort_by_key(|(rv, _)| *rv);
+    let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let (mut allocations, mut versions, mut fewest) = (0, 0, usize::MAX);
+    let gpus = cluster.gpus();
+    for (rv, event) in &events {
+        match event {
+            Seen::Claim(uid, devices) => {
+                if !devices.is_empty() && held.get(uid) != Some(devices) {
+                    allocations += 1;
+                }
+                if devices.is_empty() {
+                    held.remove(uid);
+                } else {
+                    held.insert(uid.clone(), devices.clone());
+                }
+                let all: Vec<&str> = held.values().flatten().map(String::as_str).collect();
+                for g in gpus.iter().filter(|g| g.mig) {
+                    let placed = placed_on(g.minor, all.iter().copied());
+                    assert!(
+                        rules::admits_set(g.model, &placed).is_ok(),
+                        "at {rv}: overlapping claims on GPU {}: {placed:?}",
+                        g.minor
+                    );
+                }
+            }
+            Seen::Slice(name, devices) => {
+                versions += 1;
+                match devices {
+                    Some(d) => state.insert(name.clone(), d.clone()),
+                    None => state.remove(name),
+                };
+                let now = state.get(name);
+                for device in held.values().flatten() {
+                    let Some(i) = device.find("-mig-") else { continue };
+                    if slice_of.get(&device[..i + 5]) != Some(name) {
+                        continue;
+                    }
+                    let published = now.and_then(|d| d.get(device));
+                    assert_eq!(
+                        published,
+                        reference.get(device),
+                        "at {rv}: slice {name} without the held {device}, or changed"
+                    );
+                }
+                fewest = fewest.min(state.values().map(BTreeMap::len).sum());
+            }
+        }
+    }
+    println!(
+        "{allocations} allocations, {versions} slice versions, fewest devices published {fewest} of {}",
+        reference.len()
+    );
+    assert!(allocations >= 20, "the scheduler allocated: {allocations}");
+    assert!(fewest < reference.len(), "devices were left out at some point");
+    let end = cluster.published(Duration::from_secs(30)).await;
+    assert_eq!(sets(&end), full_sets, "counter sets unchanged");
+    for name in live {
+        cluster.pods().delete(&name, &zero).await.unwrap();
+    }
+    eventually("every device published again once every claim is released")
+        .within(Duration::from_secs(60))
+        .until_async(|| async {
+            let now: BTreeMap<String, String> =
+                cluster.published(Duration::from_secs(30)).await.iter().flat_map(devices_of).collect();
+            now == reference
+        })
         .await;
 }
 

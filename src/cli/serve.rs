@@ -36,6 +36,12 @@ pub struct Args {
     /// mid-prepare are checked: those no longer allocated to this node are rolled back
     #[arg(long, env = "MIGDRA_RESYNC", default_value = "30s", value_parser = crate::duration::parse)]
     pub resync: Duration,
+    /// Which devices of dynamic GPUs are published: all (every partition, always) or fitting
+    /// (every device a claim holds, and only the partitions that can still be allocated beside
+    /// them, published again after allocations and releases: fewer devices for the scheduler to
+    /// evaluate, at up to one slice write per allocation)
+    #[arg(long, env = "MIGDRA_PUBLISH", value_enum, default_value_t)]
+    pub publish: crate::kube::publisher::DeviceSet,
     /// Log format: text, or one JSON object per line; a claim's lines carry its `claim` span
     /// (claim_uid, namespace, name, device)
     #[arg(long, env = "MIGDRA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -214,7 +220,8 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                     .with_events(events)
                     .with_device_order(global.node.device_order.into())
                     .with_taints(taints, args.health_interval)
-                    .with_resync(args.resync);
+                    .with_resync(args.resync)
+                    .with_device_set(args.publish);
                 publisher = Some(tokio::spawn(p.run(stopped(&stop_rx))));
                 (Driver::new(engine.clone(), claims.clone(), state.clone()).with_reporter(reporter), claims)
             }

@@ -65,6 +65,22 @@ impl Allocations {
         st.synced.then(|| st.claims.values().flatten().cloned().collect())
     }
 
+    /// How many changes there have been: a reader compares it with what it read before.
+    pub fn version(&self) -> u64 {
+        *self.changes.borrow()
+    }
+
+    /// Forget what is known until the next list: after a broken watch, the devices held may have
+    /// changed unseen.
+    pub fn forget(&self) {
+        let mut st = self.lock();
+        let was = std::mem::replace(&mut st.synced, false);
+        drop(st);
+        if was {
+            self.changes.send_modify(|v| *v += 1);
+        }
+    }
+
     /// A receiver that sees a new value after each change.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
@@ -119,6 +135,8 @@ pub async fn follow(api: Api<ResourceClaim>, driver: String, pool: String, into:
             }
         };
         watch_from(&api, &driver, &pool, &into, version).await;
+        // Broken: until the next list completes, nothing is known.
+        into.forget();
     }
 }
 

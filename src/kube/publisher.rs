@@ -75,6 +75,20 @@ pub struct Published {
     pub written: BTreeSet<String>,
 }
 
+/// Which devices of dynamic GPUs a publication holds (`--publish`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceSet {
+    /// Every partition, always: the slices change only with the hardware.
+    #[default]
+    All,
+    /// Every device a claim holds, and only the partitions that can still be allocated beside
+    /// them ([`slices::keep_fitting`]); published again after allocations and releases.
+    Fitting,
+}
+
+/// How long a burst of allocations and releases is gathered into one publication.
+const COALESCE: Duration = Duration::from_millis(100);
+
 /// Longest wait between two failed publishes: short, so the pool is back soon after an outage.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -106,6 +120,9 @@ pub struct Publisher {
     last_devices: Mutex<BTreeSet<String>>,
     /// Whether the last publication knew the claims (else it kept everything published).
     known: std::sync::atomic::AtomicBool,
+    devices: DeviceSet,
+    /// The allocations' change count the last publication read.
+    seen_version: std::sync::atomic::AtomicU64,
 }
 
 impl Publisher {
@@ -127,6 +144,8 @@ impl Publisher {
             allocations: None,
             last_devices: Mutex::new(BTreeSet::new()),
             known: std::sync::atomic::AtomicBool::new(false),
+            devices: DeviceSet::All,
+            seen_version: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -167,6 +186,13 @@ impl Publisher {
     /// publication lacks.
     pub fn with_allocations(mut self, allocations: Arc<Allocations>) -> Self {
         self.allocations = Some(allocations);
+        self
+    }
+
+    /// Publish every partition, or only what can still be allocated beside the devices claims
+    /// hold (which needs [`Self::with_allocations`]; without it, every partition).
+    pub fn with_device_set(mut self, devices: DeviceSet) -> Self {
+        self.devices = devices;
         self
     }
 
@@ -219,7 +245,12 @@ impl Publisher {
             .map_err(|source| PublishError::Api { op: "list our ResourceSlices", source })?;
         let (engine, opts) = (self.engine.clone(), self.opts);
         // Until the claims are known, whatever is published now may be held: keep it all.
+        if let Some(a) = &self.allocations {
+            self.seen_version.store(a.version(), std::sync::atomic::Ordering::Relaxed);
+        }
         let known = self.allocations.as_ref().map(|a| a.devices());
+        // Leaving devices out is safe only beside claims known now; adding them back always is.
+        let fitting = self.devices == DeviceSet::Fitting && matches!(known, Some(Some(_)));
         self.known.store(!matches!(known, Some(None)), std::sync::atomic::Ordering::Relaxed);
         let held = match known {
             None => BTreeSet::new(),
@@ -247,6 +278,9 @@ impl Publisher {
         let current_gen = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
         let build = |generation: i64| -> Result<Vec<ResourceSlice>, PublishError> {
             let mut built = slices::build(&self.driver, &self.node, node_uid.as_deref(), generation, layout, &gpus)?;
+            if fitting {
+                slices::keep_fitting(&mut built, &held);
+            }
             self.settle_taints(&mut built, &existing);
             Ok(built)
         };
@@ -425,11 +459,18 @@ impl Publisher {
     async fn held_unpublished(&self) {
         let Some(allocations) = &self.allocations else { return std::future::pending().await };
         let mut changes = allocations.subscribe();
+        let fitting = self.devices == DeviceSet::Fitting;
         loop {
+            let changed = allocations.version() != self.seen_version.load(std::sync::atomic::Ordering::Relaxed);
             if let Some(held) = allocations.devices() {
                 let last = self.last_devices.lock().unwrap_or_else(PoisonError::into_inner).clone();
                 // Newly held and not published, or the claims known at last: publish again.
                 if !held.is_subset(&last) || !self.known.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                // Publishing only what fits, any change does; a burst is gathered into one round.
+                if fitting && changed {
+                    tokio::time::sleep(COALESCE).await;
                     return;
                 }
             }

@@ -40,7 +40,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use std::collections::{BTreeMap, BTreeSet};
 
+mod fitting;
 mod validate;
+pub use fitting::keep_fitting;
 pub use validate::{is_semver, validate};
 
 /// Devices per slice (`ResourceSliceMaxDevices`).
