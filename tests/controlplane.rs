@@ -1625,39 +1625,41 @@ async fn a_held_device_stays_published_whatever_the_allowlist() {
     let api: Api<ResourceSlice> = Api::all(cluster.client.clone());
     let of_node = format!("{DRIVER}/node={NODE}");
     let from = api.list(&ListParams::default().labels(&of_node)).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = api.watch(&WatchParams::default().labels(&of_node), &from).await.unwrap().boxed();
+    let seen = Arc::new(StdMutex::new(Vec::new()));
+    let watcher = tokio::spawn(record(
+        api,
+        WatchParams::default().labels(&of_node),
+        from,
+        seen.clone(),
+        move |s: &ResourceSlice, deleted| {
+            let devices = names(std::slice::from_ref(s)).into_iter().map(|n| (n, String::new())).collect();
+            Seen::Slice(s.metadata.name.clone().unwrap(), (!deleted).then_some(devices))
+        },
+    ));
     let (daemon, kubelet) =
         cluster.node.serve().args(["--resync", RESYNC_ARG, "--profiles", "1g.10gb"]).registered().await;
     (cluster.daemon, cluster.kubelet) = (daemon, kubelet);
     let allowlisted = |names: &BTreeSet<String>| !names.iter().any(|n| n.contains("-mig-2g20gb-"));
-    let mut seen = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut last = BTreeMap::<String, BTreeSet<String>>::new();
-    while !(last.len() > 1 && allowlisted(&last.values().flatten().cloned().collect())) {
-        let event = tokio::time::timeout_at(deadline, stream.next()).await;
-        let Ok(Some(Ok(event))) = event else { panic!("no allowlisted publication: {}", cluster.diagnostics()) };
-        match event {
-            WatchEvent::Added(s) | WatchEvent::Modified(s) => {
-                seen += 1;
-                let here = names(std::slice::from_ref(&s));
-                assert!(
-                    !here.iter().any(|n| n.starts_with(&gpu)) || here.contains(&device),
-                    "a publication of {gpu}'s devices without the held {device}: {here:?}"
-                );
-                last.insert(s.metadata.name.clone().unwrap(), here);
-            }
-            WatchEvent::Deleted(s) => {
-                last.remove(s.metadata.name.as_deref().unwrap());
-            }
-            _ => {}
-        }
-    }
-    assert!(seen > 0, "the restart wrote slices");
-    let published = cluster.published(Duration::from_secs(30)).await;
+    let published = eventually("the allowlist published")
+        .within(Duration::from_secs(60))
+        .until_async(|| async {
+            let published = cluster.published(Duration::from_secs(30)).await;
+            allowlisted(&names(&published)).then_some(published)
+        })
+        .await;
+    watcher.abort();
     assert_eq!(slices::validate(&published, cluster.layout), Vec::<String>::new());
     let now = names(&published);
-    assert!(allowlisted(&now), "--profiles applies: {now:?}");
     assert!(now.contains(&device), "the held {device} is published: {now:?}");
+    let versions = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(!versions.is_empty(), "the restart wrote slices");
+    for (rv, version) in &versions {
+        let Seen::Slice(name, Some(here)) = version else { continue };
+        assert!(
+            !here.keys().any(|n| n.starts_with(&gpu)) || here.contains_key(&device),
+            "at {rv}: slice {name} has {gpu}'s devices but not the held {device}: {here:?}"
+        );
+    }
 
     // Released: gone at the next full check.
     cluster.finish("held", false).await;

@@ -204,17 +204,22 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 let writer = StatusWriter::new(client.clone(), &global.node.driver_name, &engine.options().pool);
                 let events = crate::kube::events::Recorder::new(client.clone(), &engine.options().pool);
                 let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
-                let allocations = Arc::new(crate::kube::allocations::Allocations::default());
-                let claims_api = kube::Api::all(client.clone());
-                let (driver_name, pool) = (engine.options().driver.clone(), engine.options().pool.clone());
-                allocations_follower = Some(tokio::spawn(crate::kube::allocations::follow(
-                    claims_api,
-                    driver_name,
-                    pool,
-                    allocations.clone(),
-                )));
-                let p = Publisher::new(client, engine.clone(), layout)
-                    .with_allocations(allocations)
+                let mut p = Publisher::new(client.clone(), engine.clone(), layout);
+                // What claims hold matters only when a publication can leave a device out: a
+                // profile allowlist, or `--publish fitting`. Otherwise no node lists and watches
+                // every claim of the cluster for nothing.
+                if !engine.options().profiles.is_all() || args.publish == crate::kube::publisher::DeviceSet::Fitting {
+                    let allocations = Arc::new(crate::kube::allocations::Allocations::default());
+                    let (driver_name, pool) = (engine.options().driver.clone(), engine.options().pool.clone());
+                    allocations_follower = Some(tokio::spawn(crate::kube::allocations::follow(
+                        kube::Api::all(client),
+                        driver_name,
+                        pool,
+                        allocations.clone(),
+                    )));
+                    p = p.with_allocations(allocations);
+                }
+                let p = p
                     .with_server(&server)
                     .with_status_file(publisher_status)
                     .with_events(events)

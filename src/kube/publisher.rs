@@ -443,7 +443,7 @@ impl Publisher {
                 () = &mut shutdown => return,
                 () = self.watch_for_drift(listed_at.as_deref(), &written) => {}
                 () = self.held_unpublished() => {
-                    tracing::info!("a claim holds a device the slices lack: publishing again");
+                    tracing::info!("the devices claims hold here changed, or became known: publishing again");
                 }
                 () = self.health_change(&seen) => {
                     tracing::info!("GPU health changed: publishing the taints again");
