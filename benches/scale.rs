@@ -18,6 +18,8 @@
 //! - `migdra-fitting`: `migdra-allowlist-classes`, each node re-publishing after each allocation
 //!   only what can still be allocated beside what its claims hold (the bench plays every node's
 //!   publisher, with migdra's own `keep_fitting`; it prints the slice writes per pod bound);
+//! - `migdra-best-fit`: `migdra-fitting`, each publication also ranked by best fit (migdra's own
+//!   `rank_best_fit`, as `--device-order best-fit` does);
 //!
 //! then a seeded pod mix whose claims come from templates (60 % 1g.10gb, 20 % 2g.20gb, 10 %
 //! 3g.40gb, 10 % 7g.80gb; whole GPUs: one GPU each), all created at once. It prints pods/s,
@@ -29,7 +31,7 @@
 //! Run (by hand; not in CI):
 //!   cargo bench --bench scale -- --controlplanes DIR[,DIR] [--nodes 50,100,200] [--pods 300]
 //!       [--layouts migdra,migdra-wide,migdra-allowlist,migdra-lean,migdra-classes,
-//!       migdra-allowlist-classes,migdra-fitting,whole,nvidia] [--seed N] [--stall 30s]
+//!       migdra-allowlist-classes,migdra-fitting,migdra-best-fit,whole,nvidia] [--seed N] [--stall 30s]
 //!       [--profile 20s]
 //! DIR is a `hack/build-controlplane.sh` bin directory (it prints it), e.g.
 //! ~/.cache/migdra/controlplane-v1.36.3-etcd-v3.6.8/bin; default: MIGDRA_CONTROLPLANE_BIN.
@@ -88,11 +90,14 @@ enum Layout {
     /// after each allocation its slices are built again and what its held devices block left
     /// out ([`migdra::kube::slices::keep_fitting`]), changed slices replaced in place.
     MigdraFitting,
+    /// [`Layout::MigdraFitting`], each republication also ranked by best fit
+    /// ([`migdra::kube::slices::rank_best_fit`], `--device-order best-fit`).
+    MigdraBestFit,
     Whole,
     Nvidia,
 }
 
-const LAYOUTS: [(&str, Layout); 9] = [
+const LAYOUTS: [(&str, Layout); 10] = [
     ("migdra", Layout::Migdra),
     ("migdra-wide", Layout::MigdraWide),
     ("migdra-allowlist", Layout::MigdraAllowlist),
@@ -100,6 +105,7 @@ const LAYOUTS: [(&str, Layout); 9] = [
     ("migdra-classes", Layout::MigdraClasses),
     ("migdra-allowlist-classes", Layout::MigdraAllowlistClasses),
     ("migdra-fitting", Layout::MigdraFitting),
+    ("migdra-best-fit", Layout::MigdraBestFit),
     ("whole", Layout::Whole),
     ("nvidia", Layout::Nvidia),
 ];
@@ -121,11 +127,16 @@ impl Layout {
     }
 
     fn allowlist(self) -> bool {
-        matches!(self, Self::MigdraAllowlist | Self::MigdraAllowlistClasses | Self::MigdraFitting)
+        matches!(self, Self::MigdraAllowlist | Self::MigdraAllowlistClasses) || self.republishes()
     }
 
     fn class_per_profile(self) -> bool {
-        matches!(self, Self::MigdraClasses | Self::MigdraAllowlistClasses | Self::MigdraFitting)
+        matches!(self, Self::MigdraClasses | Self::MigdraAllowlistClasses) || self.republishes()
+    }
+
+    /// Whether each node publishes again after its claims change.
+    fn republishes(self) -> bool {
+        matches!(self, Self::MigdraFitting | Self::MigdraBestFit)
     }
 }
 
@@ -354,7 +365,7 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
         .collect::<Vec<_>>()
         .await;
     }
-    let republisher = (layout == Layout::MigdraFitting).then(|| {
+    let republisher = layout.republishes().then(|| {
         let stats = Arc::new(Mutex::new((0_u64, 0_usize)));
         let full: HashMap<String, Vec<ResourceSlice>> = nodes
             .iter()
@@ -363,7 +374,8 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
                 (node.clone(), typed)
             })
             .collect();
-        (tokio::spawn(keep_fitting(client.clone(), full, stats.clone())), stats)
+        let rank = layout == Layout::MigdraBestFit;
+        (tokio::spawn(keep_fitting(client.clone(), full, rank, stats.clone())), stats)
     });
     // Let the scheduler's informers take every slice in before the clock starts.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -456,10 +468,12 @@ async fn run(o: &Opts, bin: PathBuf, n: usize, layout: Layout) -> Figures {
 /// node at once: one task follows the claims; each node's own task, woken by a change of what
 /// its claims hold (several changes coalesce), builds the node's slices again from `full` less
 /// what its held devices block and replaces the changed ones in place (the pool's generation
-/// stays: one slice changes per allocation). `stats`: writes so far, devices left out now.
+/// stays: one slice changes per allocation); with `rank`, what is left is ranked by best fit.
+/// `stats`: writes so far, devices left out now.
 async fn keep_fitting(
     client: kube::Client,
     full: HashMap<String, Vec<ResourceSlice>>,
+    rank: bool,
     stats: Arc<Mutex<(u64, usize)>>,
 ) {
     type Held = std::collections::BTreeSet<String>;
@@ -478,11 +492,23 @@ async fn keep_fitting(
         let (slices, stats) = (slices.clone(), stats.clone());
         workers.push(tokio::spawn(async move {
             let total = mine.iter().flat_map(|s| s.spec.devices.iter().flatten()).count();
+            let h100 = migdra::mig::catalog::model("h100-80gb").expect("the catalog has the H100 80GB");
+            let models: BTreeMap<u32, &migdra::mig::catalog::GpuModel> = mine
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .filter_map(|d| match migdra::mig::naming::DeviceName::parse(&d.name) {
+                    Ok(migdra::mig::naming::DeviceName::Mig { parent_minor, .. }) => Some((parent_minor, h100)),
+                    _ => None,
+                })
+                .collect();
             let mut left_before = 0;
             while rx.changed().await.is_ok() {
                 let keep = rx.borrow_and_update().clone();
                 let mut want = mine.clone();
                 let left = migdra::kube::slices::keep_fitting(&mut want, &keep);
+                if rank {
+                    migdra::kube::slices::rank_best_fit(&mut want, &models, &keep);
+                }
                 for mut s in want {
                     let name = s.metadata.name.clone().unwrap();
                     let have = &written[&name];
@@ -690,6 +716,7 @@ fn node_slices(node: &str, layout: Layout) -> Vec<Value> {
         | Layout::MigdraClasses
         | Layout::MigdraAllowlistClasses
         | Layout::MigdraFitting
+        | Layout::MigdraBestFit
         | Layout::Whole => items,
         Layout::MigdraWide => wide_slices(&items),
         Layout::MigdraLean => {

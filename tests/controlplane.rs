@@ -506,26 +506,38 @@ fn best_fit(gpus: &[Gpu], live: &[String], profile: &str) -> bool {
 /// and each slice's devices in published order. `None` for a whole GPU (not modelled) or no fit.
 fn model_choice(published: &[ResourceSlice], gpus: &[Gpu], allocated: &[String], profile: &str) -> Option<String> {
     use migdra::packing::allocator::{SliceOrder, first_fit};
-    let mig: Vec<&Gpu> = gpus.iter().filter(|g| g.mig).collect();
-    let model = mig.first()?.model;
+    let (node, mig) = model_node(gpus, allocated);
+    let model = node.model();
     let p = model.profile_by_name(profile)?;
-    let pos = |minor: u32| mig.iter().position(|g| g.minor == minor);
-    let dev = |name: &str| match DeviceName::parse(name).ok()? {
-        DeviceName::Mig { parent_minor, profile_id, start, .. } => {
-            Some(Dev { gpu: pos(parent_minor)?, placed: Placed { profile_id, start } })
-        }
-        DeviceName::Gpu { .. } => None,
-    };
-    let mut node = Node::new(model, mig.len(), mig.len());
-    for d in allocated.iter().filter_map(|n| dev(n)) {
-        node.allocate(d);
-    }
+    let dev = |name: &str| model_dev(&mig, name);
     let mut slices: Vec<&ResourceSlice> = published.iter().collect();
     slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let order: Vec<Vec<Dev>> =
         slices.iter().map(|s| s.spec.devices.iter().flatten().filter_map(|d| dev(&d.name)).collect()).collect();
     let chosen = first_fit(&node, &order, p.id, SliceOrder::ByName, &mut Rng::new(1))?;
-    Some(DeviceName::mig(mig[chosen.gpu].minor, &p.name, p.id, chosen.placed.start).to_string())
+    Some(DeviceName::mig(mig[chosen.gpu], &p.name, p.id, chosen.placed.start).to_string())
+}
+
+/// The packing model of the node's MIG GPUs (one slice, as published: both H100s fit in one)
+/// with `allocated` taken, and the minor of each of its GPUs.
+fn model_node(gpus: &[Gpu], allocated: &[String]) -> (Node<'static>, Vec<u32>) {
+    let mig: Vec<u32> = gpus.iter().filter(|g| g.mig).map(|g| g.minor).collect();
+    let model = gpus.iter().find(|g| g.mig).expect("a MIG GPU").model;
+    let mut node = Node::new(model, mig.len(), mig.len());
+    for d in allocated.iter().filter_map(|n| model_dev(&mig, n)) {
+        node.allocate(d);
+    }
+    (node, mig)
+}
+
+/// A partition's name as the model's device, on the GPU of that minor in `mig`.
+fn model_dev(mig: &[u32], name: &str) -> Option<Dev> {
+    match DeviceName::parse(name).ok()? {
+        DeviceName::Mig { parent_minor, profile_id, start, .. } => {
+            Some(Dev { gpu: mig.iter().position(|m| *m == parent_minor)?, placed: Placed { profile_id, start } })
+        }
+        DeviceName::Gpu { .. } => None,
+    }
 }
 
 /// A quantity as a number in its base unit (bytes, or a count), read by the crate's own parser.
@@ -1100,12 +1112,66 @@ async fn an_unhealthy_gpu_is_tainted_and_avoided_until_it_recovers() {
 /// and the placements are counted next to a best-placement baseline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn churn_never_refuses_what_fits() {
+    churn(&[], 100).await;
+}
+
+/// The churn with `--device-order best-fit --publish fitting`: before each pod, the publication
+/// catches up with the claims (each profile's partitions in the packing model's best-fit order,
+/// those that no longer fit left out), and the scheduler takes the device the model predicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn best_fit_churn_publishes_and_places_as_the_model_says() {
+    churn(&["--device-order", "best-fit", "--publish", "fitting"], 100).await;
+}
+
+/// The best-fit publication the packing model makes beside `allocated`: each MIG profile's
+/// partitions in published order, the held ones and those that fit.
+fn best_fit_order(gpus: &[Gpu], allocated: &[String]) -> BTreeMap<u32, Vec<String>> {
+    use migdra::packing::policy::{Policy, publish};
+    let (node, mig) = model_node(gpus, allocated);
+    let model = node.model();
+    let name = |d: &Dev| {
+        let p = model.profile(d.placed.profile_id).unwrap();
+        DeviceName::mig(mig[d.gpu], &p.name, p.id, d.placed.start).to_string()
+    };
+    model
+        .profiles
+        .iter()
+        .map(|p| {
+            let devs = publish(&node, Policy::BestFit, p.id).into_iter().flatten();
+            let kept: Vec<String> = devs.filter(|d| node.fits(*d) || node.is_allocated(*d)).map(|d| name(&d)).collect();
+            (p.id, kept)
+        })
+        .filter(|(_, kept)| !kept.is_empty())
+        .collect()
+}
+
+/// Each MIG profile's published partitions, in the order the allocator meets them (slices by name).
+fn published_order(published: &[ResourceSlice]) -> BTreeMap<u32, Vec<String>> {
+    let mut slices: Vec<&ResourceSlice> = published.iter().collect();
+    slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut out: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+        if let Ok(DeviceName::Mig { profile_id, .. }) = DeviceName::parse(&d.name) {
+            out.entry(profile_id).or_default().push(d.name.clone());
+        }
+    }
+    out
+}
+
+/// `requests` pods of a seeded mix against `serve` with `args` added.
+async fn churn(args: &[&str], requests: u64) {
     let _serial = SERIAL.lock().await;
-    let requests: u64 = std::env::var("MIGDRA_CHURN_PODS").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let requests: u64 = std::env::var("MIGDRA_CHURN_PODS").ok().and_then(|s| s.parse().ok()).unwrap_or(requests);
     let seed: u64 = std::env::var("MIGDRA_CHURN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6d69_6764_7261);
-    let cluster = Cluster::start().await;
-    let published = cluster.published(Duration::from_secs(10)).await;
-    let (mut predicted, mut agreed) = (0, 0);
+    let mut cluster = Cluster::start().await;
+    let ranked = !args.is_empty();
+    if ranked {
+        cluster.daemon.terminate(Duration::from_secs(5)).await;
+        let with: Vec<&str> = ["--resync", RESYNC_ARG].into_iter().chain(args.iter().copied()).collect();
+        (cluster.daemon, cluster.kubelet) = cluster.node.serve().args(with).registered().await;
+    }
+    let mut published = cluster.published(Duration::from_secs(10)).await;
+    let (mut predicted, mut agreed, mut republished) = (0, 0, 0);
     let t0 = Instant::now();
     // Small partitions come more often than large ones, as on a shared cluster.
     let mix =
@@ -1128,6 +1194,25 @@ async fn churn_never_refuses_what_fits() {
         let before: Vec<String> = cluster.allocations().await.into_iter().map(|(_, d)| d).collect();
         let best = best_fit(&gpus, &before, profile);
         baseline += u32::from(best);
+        if ranked {
+            // The publication catches up with the claims: every allocation and release so far.
+            let want = best_fit_order(&gpus, &before);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                published = cluster.published(Duration::from_secs(10)).await;
+                let last = published_order(&published);
+                if last == want {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{name}: beside {before:?} published per profile {last:?}, the model's best fit {want:?}\n{}",
+                    cluster.diagnostics()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            republished += 1;
+        }
         let mut prediction = model_choice(&published, &gpus, &before, profile);
         let t = Instant::now();
         cluster.create_pod(&name, profile, None).await;
@@ -1182,16 +1267,23 @@ async fn churn_never_refuses_what_fits() {
     let left: usize = cluster.gpus().iter().map(|g| g.instances.len()).sum();
     assert_eq!(left, 0, "MIG instances left after every pod ended");
     let per_profile: Vec<String> = asked.iter().map(|(p, (a, b))| format!("{p} {b}/{a}")).collect();
+    let large = |(p, _): &(&&str, &(u32, u32))| ["3g.40gb", "4g.40gb", "7g.80gb"].contains(p);
+    let (large_asked, large_placed) = asked.iter().filter(large).fold((0, 0), |(a, b), (_, (x, y))| (a + x, b + y));
     println!(
-        "churn (seed {seed}): {requests} requests, {deleted} departures; the scheduler placed {placed} \
+        "churn {args:?} (seed {seed}): {requests} requests, {deleted} departures; the scheduler placed {placed} \
          ({late} after a retry), refused {refused}, each refusal checked: fits nowhere by the counters and \
-         NVML's rules; best placement (everything live repacked) would have placed {baseline}; per profile \
-         placed/requested: {}; mean time to bind {:.0?}; {:.1?} in all; the packing model predicted \
-         {agreed} of {predicted} placements exactly",
+         NVML's rules; large (3g and up) placed {large_placed} of {large_asked}; best placement (everything \
+         live repacked) would have placed {baseline}; per profile placed/requested: {}; mean time to bind \
+         {:.0?}; {:.1?} in all; the packing model predicted {agreed} of {predicted} placements exactly{}",
         per_profile.join(", "),
         latency / placed.max(1),
-        t0.elapsed()
+        t0.elapsed(),
+        if ranked { format!("; {republished} publications matched the model's best fit") } else { String::new() }
     );
+    if ranked {
+        assert_eq!(republished, requests as u32, "every pod met a publication that had caught up");
+        assert!(agreed * 2 > placed, "the model predicted most placements: {agreed} of {placed}");
+    }
     assert!(placed <= baseline, "the scheduler cannot beat the best placement");
     assert!(placed > 0 && refused + placed == requests as u32);
 }
@@ -1696,9 +1788,9 @@ where
     }
 }
 
-/// `--publish fitting` raced against the real scheduler's allocations and the claim controller's
-/// releases: waves of pods of every profile created and deleted while migdra publishes again after
-/// each change. Replayed in the API server's write order, every version of our slices holds every
+/// `--publish fitting --device-order best-fit` raced against the real scheduler's allocations and
+/// the claim controller's releases: waves of pods of every profile created and deleted while
+/// migdra leaves out, brings back and re-ranks partitions after each change. Replayed in the API server's write order, every version of our slices holds every
 /// device then allocated, byte for byte as the full publication has it (counter sets too), and no
 /// two claims ever hold overlapping partitions; devices did leave, and came back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1756,8 +1848,12 @@ async fn publishing_only_what_fits_never_drops_an_allocated_device() {
             },
         )),
     ];
-    let (daemon, kubelet) =
-        cluster.node.serve().args(["--resync", RESYNC_ARG, "--publish", "fitting"]).registered().await;
+    let (daemon, kubelet) = cluster
+        .node
+        .serve()
+        .args(["--resync", RESYNC_ARG, "--publish", "fitting", "--device-order", "best-fit"])
+        .registered()
+        .await;
     (cluster.daemon, cluster.kubelet) = (daemon, kubelet);
 
     // Waves: create pods of every profile at once, then delete some of the oldest.

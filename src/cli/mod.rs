@@ -114,7 +114,10 @@ pub struct NodeFlags {
     pub slice_layout: SliceLayoutFlag,
     /// Order of each GPU's partitions in the slices; the scheduler takes the first that fits, so
     /// the order picks the placement: packed (profiles of up to two memory slices from the end of
-    /// the GPU, larger ones from its start) or ascending (every placement in ascending order)
+    /// the GPU, larger ones from its start), ascending (every placement in ascending order) or
+    /// best-fit (`serve` follows the node's claims and lists first, in each slice, the placements
+    /// that cost their GPU the least room, published again after each allocation and release;
+    /// packed until the claims are known, and in `slices`)
     #[arg(long, global = true, env = "MIGDRA_DEVICE_ORDER", value_enum, default_value_t)]
     pub device_order: DeviceOrderFlag,
     /// Device names: minor (gpu-<minor>…, as always) or slurm (whole GPUs and static MIG
@@ -192,6 +195,8 @@ pub enum DeviceOrderFlag {
     Packed,
     /// Every profile's placements in ascending order, as NVIDIA's driver publishes them
     Ascending,
+    /// Re-ranked by what the node's claims hold: the best fit first, on the fuller GPU
+    BestFit,
 }
 
 impl From<DeviceOrderFlag> for crate::packing::DeviceOrder {
@@ -199,6 +204,7 @@ impl From<DeviceOrderFlag> for crate::packing::DeviceOrder {
         match f {
             DeviceOrderFlag::Packed => Self::Packed,
             DeviceOrderFlag::Ascending => Self::Ascending,
+            DeviceOrderFlag::BestFit => Self::BestFit,
         }
     }
 }

@@ -205,10 +205,14 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                 let events = crate::kube::events::Recorder::new(client.clone(), &engine.options().pool);
                 let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
                 let mut p = Publisher::new(client.clone(), engine.clone(), layout);
-                // What claims hold matters only when a publication can leave a device out: a
-                // profile allowlist, or `--publish fitting`. Otherwise no node lists and watches
-                // every claim of the cluster for nothing.
-                if !engine.options().profiles.is_all() || args.publish == crate::kube::publisher::DeviceSet::Fitting {
+                // What claims hold matters only when a publication can leave a device out (a
+                // profile allowlist, `--publish fitting`) or is ranked by them (best fit).
+                // Otherwise no node lists and watches every claim of the cluster for nothing.
+                let order: crate::packing::DeviceOrder = global.node.device_order.into();
+                if !engine.options().profiles.is_all()
+                    || args.publish == crate::kube::publisher::DeviceSet::Fitting
+                    || order.policy().is_dynamic()
+                {
                     let allocations = Arc::new(crate::kube::allocations::Allocations::default());
                     let (driver_name, pool) = (engine.options().driver.clone(), engine.options().pool.clone());
                     allocations_follower = Some(tokio::spawn(crate::kube::allocations::follow(
@@ -223,7 +227,7 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
                     .with_server(&server)
                     .with_status_file(publisher_status)
                     .with_events(events)
-                    .with_device_order(global.node.device_order.into())
+                    .with_device_order(order)
                     .with_taints(taints, args.health_interval)
                     .with_resync(args.resync)
                     .with_device_set(args.publish);

@@ -99,7 +99,7 @@ pub fn gpu_slices(
     });
     let mut devices = gpu_devices(&gpu.model, &identity(gpu), gpu.mode, whole_gpu, existing, names, profiles);
     if gpu.mode == GpuMode::Dynamic {
-        policy::order_devices(&gpu.model, &mut devices, order.policy());
+        policy::order_devices(&gpu.model, &mut devices, order.static_policy());
     }
     GpuSlices { minor, counter_set, devices }
 }

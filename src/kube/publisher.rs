@@ -9,7 +9,8 @@
 //!   allocated device is never dropped or changed (kubernetes#140802). With `--profiles`, a
 //!   profile left out stays published on a GPU while a claim holds a device of it: the claims
 //!   allocated on this node are followed ([`super::allocations`]), and a held device the slices
-//!   lack publishes again at once.
+//!   lack publishes again at once. `--publish fitting` leaves out what held devices block, and
+//!   `--device-order best-fit` reorders by them; both publish again 100 ms after a change.
 //! - Our slices are watched: the kubelet deletes a node's slices when it starts, and people edit
 //!   them; any drift is repaired by publishing again. A full check also runs every resync period.
 //! - Unhealthy GPUs' devices carry a taint ([`crate::mig::taints`]). Health is polled every
@@ -33,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -251,6 +252,7 @@ impl Publisher {
         let known = self.allocations.as_ref().map(|a| a.devices());
         // Leaving devices out is safe only beside claims known now; adding them back always is.
         let fitting = self.devices == DeviceSet::Fitting && matches!(known, Some(Some(_)));
+        let best_fit = self.opts.order.policy().is_dynamic() && matches!(known, Some(Some(_)));
         self.known.store(!matches!(known, Some(None)), std::sync::atomic::Ordering::Relaxed);
         let held = match known {
             None => BTreeSet::new(),
@@ -280,6 +282,9 @@ impl Publisher {
             let mut built = slices::build(&self.driver, &self.node, node_uid.as_deref(), generation, layout, &gpus)?;
             if fitting {
                 slices::keep_fitting(&mut built, &held);
+            }
+            if best_fit {
+                slices::rank_best_fit(&mut built, &self.dynamic_models(), &held);
             }
             self.settle_taints(&mut built, &existing);
             Ok(built)
@@ -453,13 +458,20 @@ impl Publisher {
         }
     }
 
+    /// Minor → model of each GPU whose partitions are made on demand: the GPUs best fit ranks.
+    fn dynamic_models(&self) -> BTreeMap<u32, &crate::mig::catalog::GpuModel> {
+        let gpus = self.engine.gpus().iter().filter(|g| g.mode == crate::mig::devices::GpuMode::Dynamic);
+        gpus.map(|g| (g.info.minor, &g.model)).collect()
+    }
+
     /// Returns when a claim holds a device the last publication lacks (a profile `--profiles`
     /// leaves out, allocated before this pod started), or when the claims become known after a
     /// publication that kept everything; never without allocations followed.
     async fn held_unpublished(&self) {
         let Some(allocations) = &self.allocations else { return std::future::pending().await };
         let mut changes = allocations.subscribe();
-        let fitting = self.devices == DeviceSet::Fitting;
+        // Publishing only what fits, or ranking by what is held, any change matters.
+        let follows = self.devices == DeviceSet::Fitting || self.opts.order.policy().is_dynamic();
         loop {
             let changed = allocations.version() != self.seen_version.load(std::sync::atomic::Ordering::Relaxed);
             if let Some(held) = allocations.devices() {
@@ -468,8 +480,8 @@ impl Publisher {
                 if !held.is_subset(&last) || !self.known.load(std::sync::atomic::Ordering::Relaxed) {
                     return;
                 }
-                // Publishing only what fits, any change does; a burst is gathered into one round.
-                if fitting && changed {
+                // A burst of changes is gathered into one round.
+                if follows && changed {
                     tokio::time::sleep(COALESCE).await;
                     return;
                 }

@@ -63,8 +63,7 @@ impl Policy {
     }
 }
 
-/// The orders migdra publishes (`--device-order`): the static ones, which need no knowledge of
-/// what the scheduler has allocated.
+/// The orders migdra publishes (`--device-order`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceOrder {
     /// (b) [`Policy::Packed`]: in the reference churn it accepts more requests, and more large
@@ -73,6 +72,9 @@ pub enum DeviceOrder {
     Packed,
     /// (a) [`Policy::Ascending`]: NVIDIA's order.
     Ascending,
+    /// (c) [`Policy::BestFit`]: re-ranked by what the node's claims hold, so the publisher must
+    /// follow them; [`Policy::Packed`] while they are unknown.
+    BestFit,
 }
 
 impl DeviceOrder {
@@ -80,6 +82,16 @@ impl DeviceOrder {
         match self {
             Self::Packed => Policy::Packed,
             Self::Ascending => Policy::Ascending,
+            Self::BestFit => Policy::BestFit,
+        }
+    }
+
+    /// The static order each GPU's devices are built in: the whole order for a static one, the
+    /// order before the allocations are known for a dynamic one.
+    pub fn static_policy(self) -> Policy {
+        match self {
+            Self::BestFit => Policy::Packed,
+            other => other.policy(),
         }
     }
 }
@@ -138,12 +150,21 @@ fn room(node: &Node, used: &[u64]) -> u64 {
         .sum()
 }
 
-/// The rank of a free placement under best fit: room lost on its GPU, then fuller GPUs first,
-/// then GPU and start order (deterministic ties).
-fn best_fit_key(node: &Node, d: Dev) -> (u64, u32, usize, u32) {
+/// A device's rank under best fit, lowest first, before ties: a placement that fits now before
+/// one that does not (in use, or blocked), then the room it costs its GPU, then fuller GPUs first.
+/// Only the GPU of `d` is read, so the publisher ranks each GPU on a node of its own.
+pub fn best_fit_rank(node: &Node, d: Dev) -> (bool, u64, u32) {
+    if !node.fits(d) {
+        return (true, 0, 0);
+    }
     let before = room(node, node.used(d.gpu));
     let after = room(node, &node.used_with(d.gpu, d.placed));
-    (before - after, u32::MAX - node.compute_used(d.gpu), d.gpu, d.placed.start)
+    (false, before - after, u32::MAX - node.compute_used(d.gpu))
+}
+
+/// [`best_fit_rank`], ties broken by GPU and start (deterministic).
+fn best_fit_key(node: &Node, d: Dev) -> ((bool, u64, u32), usize, u32) {
+    (best_fit_rank(node, d), d.gpu, d.placed.start)
 }
 
 /// The devices of `profile_id` the node publishes now under `policy`, per device slice, in
@@ -177,9 +198,7 @@ pub fn publish(node: &Node, policy: Policy, profile_id: u32) -> Vec<Vec<Dev>> {
                 let mut devs = in_slice(gpus);
                 // Free ones that fit by best-fit rank; the rest (in use, or blocked) after them,
                 // still published.
-                devs.sort_by_cached_key(|&d| {
-                    if node.fits(d) { (0, best_fit_key(node, d)) } else { (1, (0, 0, d.gpu, d.placed.start)) }
-                });
+                devs.sort_by_cached_key(|&d| best_fit_key(node, d));
                 devs
             })
             .collect(),
@@ -198,9 +217,7 @@ pub fn publish(node: &Node, policy: Policy, profile_id: u32) -> Vec<Vec<Dev>> {
                         .into_iter()
                         .filter(|&d| node.is_allocated(d) || (Some(d.gpu) == best && node.fits(d)))
                         .collect();
-                    devs.sort_by_cached_key(|&d| {
-                        if node.fits(d) { (0, best_fit_key(node, d)) } else { (1, (0, 0, d.gpu, d.placed.start)) }
-                    });
+                    devs.sort_by_cached_key(|&d| best_fit_key(node, d));
                     devs
                 })
                 .collect()
@@ -333,5 +350,68 @@ mod tests {
         assert!(pos("gpu-0-mig-2g20gb-14-4") < pos("gpu-0-mig-2g20gb-14-0"));
         let set = |v: &[Device]| v.iter().map(|d| format!("{d:?}")).collect::<BTreeSet<_>>();
         assert_eq!(set(&packed), set(&devices), "the same devices, unchanged");
+    }
+
+    /// What a publication may leave out, exhaustively: on every model of the catalog, in every
+    /// state a GPU can reach, the largest number of one standard profile's partitions that fit
+    /// together is the number that fit one at a time. So each partition that fits is needed by a
+    /// claim for that many devices on its GPU (a Slurm-pinned one, or one with a same-GPU
+    /// constraint), and publishing only what fits ([`crate::kube::slices::keep_fitting`]) is
+    /// already the fewest that serve every such claim. Profiles that take media engines (`+me`,
+    /// `+me.all`) are the exception: one per GPU at most, however many placements fit.
+    #[test]
+    fn every_partition_that_fits_is_needed_by_a_claim_for_several() {
+        let (mut states, mut spare) = (0, 0);
+        for m in crate::mig::catalog::models() {
+            let all: Vec<Placed> = m
+                .profiles
+                .iter()
+                .flat_map(|p| p.placements.iter().map(move |&start| Placed { profile_id: p.id, start }))
+                .collect();
+            let mut seen: BTreeSet<Vec<Placed>> = BTreeSet::new();
+            let mut todo = vec![Vec::<Placed>::new()];
+            while let Some(mut state) = todo.pop() {
+                state.sort();
+                if !seen.insert(state.clone()) {
+                    continue;
+                }
+                let mut node = Node::new(m, 1, 1);
+                state.iter().for_each(|&placed| node.allocate(Dev { gpu: 0, placed }));
+                for p in &m.profiles {
+                    let fit: Vec<Dev> = p
+                        .placements
+                        .iter()
+                        .map(|&start| Dev { gpu: 0, placed: Placed { profile_id: p.id, start } })
+                        .filter(|&d| node.fits(d))
+                        .collect();
+                    let together = (0u32..1 << fit.len())
+                        .filter(|mask| {
+                            let mut n = node.clone();
+                            fit.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).all(|(_, &d)| {
+                                let fits = n.fits(d);
+                                if fits {
+                                    n.allocate(d);
+                                }
+                                fits
+                            })
+                        })
+                        .map(u32::count_ones)
+                        .max()
+                        .unwrap_or(0) as usize;
+                    let me = matches!(p.media, MediaEngines::Me | MediaEngines::AllMe);
+                    let want = if me { fit.len().min(1) } else { fit.len() };
+                    assert_eq!(together, want, "{} beside {state:?}: {} of {} fitting", m.key, p.name, fit.len());
+                    spare += fit.len() - together;
+                }
+                states += 1;
+                todo.extend(all.iter().filter(|&&placed| node.fits(Dev { gpu: 0, placed })).map(|&placed| {
+                    let mut next = state.clone();
+                    next.push(placed);
+                    next
+                }));
+            }
+        }
+        assert!(states > 20_000, "{states} states");
+        assert!(spare > 0, "media-engine placements beyond the one that can be used: {spare}");
     }
 }

@@ -141,6 +141,7 @@ fn the_table_lists_one_row_per_slice() {
 /// The scheduler takes the first device that fits, so the order of a GPU's partitions picks the
 /// placement. By default small profiles come from the end of the GPU and large ones from its
 /// start (`--device-order packed`); `ascending` is NVIDIA's order. Either way the same devices.
+/// `best-fit` starts from packed.
 #[test]
 fn device_order_packs_small_profiles_from_the_end() {
     let dir = tempfile::tempdir().unwrap();
@@ -166,6 +167,8 @@ fn device_order_packs_small_profiles_from_the_end() {
     b.sort();
     assert_eq!(a, b, "a pure reorder");
     assert_eq!(order(&["--device-order", "packed"]), packed);
+    // Best fit ranks by what claims hold, which `slices` does not ask: the packed order.
+    assert_eq!(order(&["--device-order", "best-fit"]), packed);
 }
 
 /// slurm-bridge's inventory (docs/facts/slurm-bridge.md §1.5, §7): the devices its profile

@@ -41,8 +41,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use std::collections::{BTreeMap, BTreeSet};
 
 mod fitting;
+mod ranking;
 mod validate;
 pub use fitting::keep_fitting;
+pub use ranking::rank_best_fit;
 pub use validate::{is_semver, validate};
 
 /// Devices per slice (`ResourceSliceMaxDevices`).
