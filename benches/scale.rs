@@ -529,19 +529,50 @@ async fn keep_fitting(
     }
     let _workers = AbortOnDrop(workers);
     let mut held: HashMap<String, BTreeMap<String, Vec<String>>> = HashMap::new();
-    let from = claims.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut events = claims.watch(&WatchParams::default(), &from).await.unwrap().boxed();
-    while let Some(event) = events.next().await {
-        let Ok(WatchEvent::Added(c) | WatchEvent::Modified(c)) = event else { continue };
-        let uid = c.metadata.uid.clone().unwrap_or_default();
+    // As migdra's follower does: a watch that ends or fails is followed by a fresh list, so the
+    // nodes never stop publishing in the middle of a run.
+    for round in 0.. {
+        let listed = claims.list(&Default::default()).await.unwrap();
+        if round > 0 {
+            eprintln!("  the bench's watch of claims ended; listed again ({} claims)", listed.items.len());
+        }
         for (node, tx) in &senders {
-            let devices = held_devices(&c, DRIVER, node);
-            let of_node = held.entry(node.clone()).or_default();
-            if of_node.get(&uid).map_or(devices.is_empty(), |d| *d == devices) {
-                continue;
+            let now: BTreeMap<String, Vec<String>> = listed
+                .items
+                .iter()
+                .map(|c| (c.metadata.uid.clone().unwrap_or_default(), held_devices(c, DRIVER, node)))
+                .filter(|(_, d)| !d.is_empty())
+                .collect();
+            if held.get(node).is_none_or(|h| *h != now) {
+                tx.send_replace(now.values().flatten().cloned().collect());
+                held.insert(node.clone(), now);
             }
-            of_node.insert(uid.clone(), devices);
-            tx.send_replace(of_node.values().flatten().cloned().collect());
+        }
+        let from = listed.metadata.resource_version.unwrap();
+        let mut events = claims.watch(&WatchParams::default(), &from).await.unwrap().boxed();
+        while let Some(event) = events.next().await {
+            let c = match event {
+                Ok(WatchEvent::Added(c) | WatchEvent::Modified(c)) => c,
+                Ok(WatchEvent::Error(e)) => {
+                    eprintln!("  the bench's watch of claims: {e}");
+                    break;
+                }
+                Err(e) => {
+                    eprintln!("  the bench's watch of claims: {e}");
+                    break;
+                }
+                Ok(_) => continue,
+            };
+            let uid = c.metadata.uid.clone().unwrap_or_default();
+            for (node, tx) in &senders {
+                let devices = held_devices(&c, DRIVER, node);
+                let of_node = held.entry(node.clone()).or_default();
+                if of_node.get(&uid).map_or(devices.is_empty(), |d| *d == devices) {
+                    continue;
+                }
+                of_node.insert(uid.clone(), devices);
+                tx.send_replace(of_node.values().flatten().cloned().collect());
+            }
         }
     }
 }
