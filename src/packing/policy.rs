@@ -226,7 +226,7 @@ pub fn publish(node: &Node, policy: Policy, profile_id: u32) -> Vec<Vec<Dev>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::mig::catalog::model;
     use crate::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
@@ -238,7 +238,7 @@ mod tests {
     }
 
     /// A node of 4 H100s, two per slice, with random allocations made by the allocator's rules.
-    fn random_nodes(seed: u64) -> Vec<Node<'static>> {
+    pub(crate) fn random_nodes(seed: u64) -> Vec<Node<'static>> {
         let m = h100();
         let mut rng = Rng::new(seed);
         let all: Vec<Dev> = (0..4)

@@ -67,7 +67,7 @@ mod tests {
     use crate::kube::slices::tests::node;
     use crate::kube::slices::{Layout, build, keep_fitting};
     use crate::mig::devices::GpuMode;
-    use crate::packing::allocator::Rng;
+    use crate::packing::policy::tests::random_nodes;
     use crate::packing::policy::{Policy, publish};
 
     /// The publisher's order of each profile, in every state of a random walk of allocations and
@@ -96,24 +96,9 @@ mod tests {
             .filter(|m| !m.is_empty())
             .collect();
         assert_eq!(per_slice.concat(), minors, "GPUs in order, each in one slice");
-        let mut sim = Node::new(model, minors.len(), per_slice[0].len());
-        let mut rng = Rng::new(5);
-        let every: Vec<Dev> = (0..minors.len())
-            .flat_map(|gpu| {
-                model.profiles.iter().flat_map(move |p| {
-                    p.placements.iter().map(move |&start| Dev { gpu, placed: Placed { profile_id: p.id, start } })
-                })
-            })
-            .collect();
+        assert!(per_slice.iter().all(|g| g.len() == 2), "two H100s per slice, as the model's node has");
         let (mut checked, mut moved) = (0, 0);
-        for _ in 0..120 {
-            let free: Vec<Dev> = every.iter().copied().filter(|d| sim.fits(*d)).collect();
-            let live: Vec<Dev> = sim.all_allocated().collect();
-            if free.is_empty() || (!live.is_empty() && rng.below(3) == 0) {
-                sim.release(live[rng.below(live.len())]);
-            } else {
-                sim.allocate(free[rng.below(free.len())]);
-            }
+        for sim in random_nodes(5) {
             let name = |d: &Dev| {
                 let p = model.profile(d.placed.profile_id).unwrap();
                 DeviceName::mig(minors[d.gpu], &p.name, p.id, d.placed.start).to_string()
