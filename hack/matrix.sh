@@ -32,6 +32,10 @@ built MIGDRA_NODE_BIN hack/build-node.sh
 # users run, comes from Debian unstable in a chroot (hack/slurm-2605.sh, cached, about 1.5 minutes
 # cold). The suite runs on 26.05; hack/test.sh runs the Slurm tests again on 22.05.
 built MIGDRA_SLURM_2605_BIN hack/slurm-2605.sh
+# The real slurm-bridge (tests/node/bridge.rs): its scheduler, controllers and admission from the
+# peers' source archives (hack/build-bridge.sh, cached by commit; about 15 minutes cold).
+# .ci/run builds it in the background and names it before this runs.
+built MIGDRA_BRIDGE_BIN hack/build-bridge.sh
 echo "control planes of the matrix:"
 for var in MIGDRA_CONTROLPLANE_137_BIN MIGDRA_CONTROLPLANE_136_BIN MIGDRA_CONTROLPLANE_134_BIN; do
   printf '  %s: %s (%s)\n' "$var" "$("${!var}/kube-apiserver" --version)" "${!var}"
@@ -45,3 +49,4 @@ printf '  %s\n' "$("$MIGDRA_NODE_BIN/kubelet" --version)" "containerd $("$MIGDRA
   "$("$MIGDRA_NODE_BIN/runc" --version | head -n 1)" "$("$MIGDRA_NODE_BIN/crictl" --version)" \
   "kubectl $("$MIGDRA_NODE_BIN/kubectl" version --client -o json | awk -F'"' '/gitVersion/ {print $4; exit}')"
 echo "Slurm: $(/usr/sbin/slurmd -V 2>/dev/null || echo "22.05 missing (hack/slurm-deps.sh)") (Debian 12), $("$MIGDRA_SLURM_2605_BIN/slurmd" -V) ($MIGDRA_SLURM_2605_BIN)"
+echo "slurm-bridge: $MIGDRA_BRIDGE_BIN"

@@ -15,7 +15,9 @@ want=26.05
 # The same cache as the hack/build-*.sh scripts.
 cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
 mirror=${MIGDRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-pkgs=(slurmctld slurmd slurmrestd slurm-client munge curl ca-certificates)
+# slurm-wlm-jwt-plugin: auth_jwt.so, which slurm-bridge's REST client needs (AuthAltTypes=auth/jwt);
+# Debian ships it apart from slurmctld, and without it that setting stops slurmctld.
+pkgs=(slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin munge curl ca-certificates)
 # The unprivileged user slurmd-less REST clients run as: slurmrestd refuses root and SlurmUser.
 bridge_user=bridge
 
@@ -50,12 +52,21 @@ if [[ -z $current || ! -e $current/.complete ]]; then
     mkdir -p "$current"
     mv "$root" "$current/root"
     echo "$version" >"$current/version"
+    touch "$current/.complete"
     rm -rf "$tmp"
     trap - EXIT
     echo "Slurm $version in $current/root: made in $((SECONDS - started))s, $(du -sh "$current/root" | cut -f1)" >&2
 fi
 root=$current/root
 bin=$current/bin
+
+# A chroot made before the JWT plugin was on the list gets it now (a few seconds), not remade.
+if ! chroot "$root" dpkg -s slurm-wlm-jwt-plugin >/dev/null 2>&1; then
+    chroot "$root" apt-get -qq -o Acquire::Check-Valid-Until=false update
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -qq --no-install-recommends \
+        -o Acquire::Check-Valid-Until=false slurm-wlm-jwt-plugin >/dev/null
+    chroot "$root" apt-get clean
+fi
 
 # The wrappers, rewritten each time so a moved cache still works.
 mkdir -p "$bin"

@@ -8,6 +8,9 @@
 //! One test, in steps, each printed with its time: the node is a shared, stateful thing, and
 //! each step starts from what the one before left.
 
+/// The real slurm-bridge beside migdra on this node (tests/node/bridge.rs).
+#[path = "node/bridge.rs"]
+mod bridge;
 mod support;
 
 use serde_json::Value;
@@ -328,10 +331,30 @@ struct Cluster {
     ops: Ops,
 }
 
+/// How a node's install differs from the default one: its simulated GPUs, more chart values
+/// (YAML lines), `env` for the migdra container, and what to do before `helm install`.
+struct Setup<'a> {
+    gpus: &'a str,
+    values: String,
+    env: &'a [(&'a str, &'a str)],
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Self { gpus: GPUS, values: String::new(), env: &[] }
+    }
+}
+
 /// Images, control plane, node, `helm install`, node label, rollout: daemonset/README.md's
 /// commands, with the values this node needs: simulated GPUs, the kubelet's root dir, and the
 /// API server's address for pods (no kube-proxy here), and `env` for the migdra container.
 async fn bring_up(steps: &Steps, env: &[(&str, &str)]) -> Cluster {
+    bring_up_with(steps, Setup { env, ..Setup::default() }).await
+}
+
+/// [`bring_up`] of a node set up as `setup` says.
+async fn bring_up_with(steps: &Steps, setup: Setup<'_>) -> Cluster {
+    let Setup { gpus, values: more_values, env } = setup;
     let helm = support::render::HELM.find().expect("helm: bash hack/build-helm.sh (MIGDRA_REQUIRE_RENDERS=1 in CI)");
     let images_dir = tempfile::tempdir().unwrap();
     let images = kubenode::image_archives(images_dir.path());
@@ -369,7 +392,7 @@ async fn bring_up(steps: &Steps, env: &[(&str, &str)]) -> Cluster {
     let api_port = cp.url.rsplit(':').next().unwrap().to_string();
     let values = node.dir().join("values.yaml");
     let mut text = format!(
-        "kubeletRootDir: {root}\nsimulation:\n  gpus: {GPUS}\n  stateDir: {sim}\nextraEnv:\n\
+        "kubeletRootDir: {root}\nsimulation:\n  gpus: {gpus}\n  stateDir: {sim}\n{more_values}extraEnv:\n\
          - name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n- name: KUBERNETES_SERVICE_PORT\n  value: \"{api_port}\"\n",
         root = node.root_dir().display(),
         sim = node.sim_dir().display(),
@@ -397,8 +420,10 @@ async fn bring_up(steps: &Steps, env: &[(&str, &str)]) -> Cluster {
         ds_ready.as_secs_f64()
     ));
 
-    // Ready means published: the slices are there once rollout status returns.
-    let slices = ops.json(&["get", "resourceslices", "-l", &format!("mig.slinky.slurm.net/node={NODE_NAME}")]);
+    // Ready means published: the slices are there once rollout status returns. Their node label
+    // is the driver's domain, which `MIGDRA_DRIVER_NAME` may change.
+    let driver = env.iter().find(|(k, _)| *k == "MIGDRA_DRIVER_NAME").map_or(support::DRIVER, |(_, v)| v);
+    let slices = ops.json(&["get", "resourceslices", "-l", &format!("{driver}/node={NODE_NAME}")]);
     let devices: usize =
         slices["items"].as_array().unwrap().iter().map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len)).sum();
     assert!(devices > 0, "no devices published once the DaemonSet was Ready: {slices}");

@@ -1,7 +1,9 @@
 //! The loop the project exists for, end to end on one hybrid node: the real slurmctld and slurmd
 //! (Debian's), the real control plane (kube-apiserver, kube-scheduler, kube-controller-manager)
-//! and `migdra serve` on simulated H100s, with the test playing slurm-bridge's part the way its
-//! documented flow does (docs/bridge-contract.md, "The loop, step by step"):
+//! and `migdra serve` on simulated H100s, with the test standing in for a bridge that keeps the
+//! contract (docs/bridge-contract.md, "The loop, step by step"). It is the contract a bridge must
+//! implement, not what slurm-bridge does: the real bridge at `6f700ba` does none of these steps
+//! (tests/node/bridge.rs runs it and pins what it does instead):
 //!
 //! 1. a Slurm job reserves the shards a profile stands for (`shard:N`); Slurm picks GPU k. On
 //!    Slurm 26.05 the test makes slurm-bridge's own calls to slurmrestd v0.0.44: `POST job/submit`

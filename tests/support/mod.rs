@@ -10,15 +10,16 @@
 //! - [`skip`]: what a test that cannot run here prints, or the failure `MIGDRA_REQUIRE_*` asks for.
 //! - [`render`]: `kustomize build` and `helm template` of daemonset/, the binaries found alike.
 //! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`],
-//!   [`slurm`], [`kubenode`]: the other side of each tier: a fake API server, a fake
+//!   [`slurm`], [`kubenode`], [`bridge`]: the other side of each tier: a fake API server, a fake
 //!   libnvidia-ml, a real control plane and what the tests put in it, the kubelet's own code, a
-//!   real Slurm, a real node (kubelet binary, containerd, runc).
+//!   real Slurm, a real node (kubelet binary, containerd, runc), the real slurm-bridge.
 //!
 //! Test files include it with `mod support;` (`#[path = "../tests/support/mod.rs"]` from
 //! benches/ and tests/reliability/). Each binary compiles it on its own and uses only part of it,
 //! so unused items are expected and must not fail `clippy -D warnings`.
 #![allow(dead_code)]
 
+pub mod bridge;
 pub mod claim;
 pub mod cluster;
 pub mod command;

@@ -162,6 +162,8 @@ static ONE_SLURM: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// slurmctld and slurmd in the foreground, killed on drop.
 pub struct Slurm {
     pub conf: PathBuf,
+    /// slurmrestd's address (`http://127.0.0.1:PORT`) on a release with the bridge's API.
+    pub rest_url: Option<String>,
     daemons: Vec<(&'static str, Child)>,
     dir: PathBuf,
     host: String,
@@ -212,6 +214,19 @@ impl Slurm {
         let slurm_user = if has_bridge_api() { BRIDGE_USER } else { "root" };
         // Room for slurm-bridge's External dynamic nodes (`POST new/node/`) in the partition.
         let (dynamic, nodes) = if has_bridge_api() { ("MaxNodeCount=8\n", "ALL") } else { ("", host.as_str()) };
+        // What slurm-bridge's own client and jobs need (docs/facts/slurm-bridge.md §8): JWT as an
+        // alternative authentication, with a key of SlurmUser's; MCS labels on demand (it submits
+        // `mcs_label: kubernetes`); and its default partition, `slurm-bridge`.
+        let bridge = if has_bridge_api() {
+            format!(
+                "AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={d}/jwt.key\nMCSPlugin=mcs/label\n\
+                 MCSParameters=ondemand,ondemandselect\n"
+            )
+        } else {
+            String::new()
+        };
+        let bridge_partition =
+            if has_bridge_api() { "PartitionName=slurm-bridge Nodes=ALL MaxTime=INFINITE State=UP\n" } else { "" };
         std::fs::write(
             &conf,
             format!(
@@ -222,9 +237,9 @@ impl Slurm {
                  TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
                  MpiDefault=none\nSwitchType=switch/none\nReturnToService=2\nSelectType=select/cons_tres\n\
                  SelectTypeParameters=CR_Core\nSchedulerParameters=bf_interval=1\nGresTypes=gpu,shard\n\
-                 SlurmdParameters=config_overrides\n{dynamic}\
+                 SlurmdParameters=config_overrides\n{dynamic}{bridge}\
                  NodeName={host} NodeAddr=127.0.0.1 CPUs=32 Sockets=4 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=20000 Gres={gres} State=UNKNOWN\n\
-                 PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP\n",
+                 PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP\n{bridge_partition}",
                 slurmd_port
             ),
         )
@@ -237,14 +252,19 @@ impl Slurm {
         if has_bridge_api() {
             // slurmctld runs as SlurmUser: its files are the bridge user's.
             let uid = bridge_uid();
-            for path in [dir.join("ctld"), dir.join("slurmctld.log"), dir.join("slurmctld.pid")] {
+            let key = dir.join("jwt.key");
+            let mut random = [0u8; 32];
+            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut random).unwrap();
+            std::fs::write(&key, random).unwrap();
+            for path in [dir.join("ctld"), dir.join("slurmctld.log"), dir.join("slurmctld.pid"), key.clone()] {
                 if !path.exists() {
                     std::fs::write(&path, "").unwrap();
                 }
                 run("chown", &[&uid, path.to_str().unwrap()], &conf);
             }
+            run("chmod", &["0600", key.to_str().unwrap()], &conf);
         }
-        let mut slurm = Self { conf, daemons: Vec::new(), dir: dir.to_path_buf(), host, _one: one };
+        let mut slurm = Self { conf, rest_url: None, daemons: Vec::new(), dir: dir.to_path_buf(), host, _one: one };
         slurm.spawn("slurmctld");
         std::thread::sleep(Duration::from_millis(500));
         slurm.spawn("slurmd");
@@ -256,10 +276,12 @@ impl Slurm {
         slurm
     }
 
-    /// slurmrestd v0.0.44 on a Unix socket, as the bridge user with `rest_auth/local`: each call
-    /// acts as that user, who is SlurmUser to slurmctld. slurmrestd refuses to run as SlurmUser,
-    /// so it reads a copy of slurm.conf that names root instead; Debian's Slurm has no
-    /// `auth/jwt`, the token slurm-bridge sends otherwise.
+    /// slurmrestd v0.0.44 as slurm-bridge's client meets it: on TCP, `rest_auth/jwt`, every call
+    /// with a token in `X-SLURM-USER-TOKEN` (`SLURM_JWT=daemon` in its environment, else it
+    /// rejects each one). It runs as the bridge user, which slurmrestd allows only when that user
+    /// is not SlurmUser, so it reads a copy of slurm.conf naming root; the token is SlurmUser's
+    /// (`scontrol token username=bridge`): the bridge submits as SlurmUser, the only user without
+    /// slurmdbd that may set a job's AdminComment.
     fn start_slurmrestd(&mut self) {
         let rest = self.dir.join("rest");
         std::fs::create_dir_all(&rest).unwrap();
@@ -270,34 +292,38 @@ impl Slurm {
             std::fs::copy(self.dir.join("cgroup.conf"), rest.join("cgroup.conf")).unwrap();
         }
         run("chown", &[&bridge_uid(), rest.to_str().unwrap()], &self.conf);
-        let socket = format!("unix:{}", rest.join("sock").display());
+        let out = run(bin("scontrol"), &["token", &format!("username={BRIDGE_USER}"), "lifespan=86400"], &self.conf);
+        let token = out.trim().strip_prefix("SLURM_JWT=").unwrap_or_else(|| panic!("scontrol token said {out:?}"));
+        std::fs::write(self.token_file(), token).unwrap();
+        let port = super::controlplane::free_port();
         let child = as_bridge(&["/usr/sbin/slurmrestd", "-s", "openapi/slurmctld", "-d", "v0.0.44"])
-            .args(["-a", "rest_auth/local", &socket])
+            .args(["-a", "rest_auth/jwt", &format!("127.0.0.1:{port}")])
             .env("SLURM_CONF", rest.join("slurm.conf"))
+            .env("SLURM_JWT", "daemon")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.dir.join("slurmrestd.log")).unwrap())
             .spawn()
             .unwrap();
         self.daemons.push(("slurmrestd", child));
+        self.rest_url = Some(format!("http://127.0.0.1:{port}"));
         self.wait_for(|s| s.rest_call("GET", "ping", None).is_ok(), "slurmrestd to answer");
     }
 
-    /// A slurmrestd v0.0.44 call as the bridge user (`path` after `/slurm/v0.0.44/`): the answer,
-    /// or `Err` with Slurm's errors when it has any.
+    /// The file holding the JWT slurm-bridge sends (its `SLURM_JWT_FILE`).
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.join("rest/auth-token")
+    }
+
+    /// A slurmrestd v0.0.44 call as slurm-bridge makes it (`path` after `/slurm/v0.0.44/`): TCP,
+    /// the token file's JWT in `X-SLURM-USER-TOKEN`. The answer, or `Err` with Slurm's errors
+    /// when it has any.
     pub fn rest_call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
-        let socket = self.dir.join("rest/sock");
-        let url = format!("http://localhost/slurm/v0.0.44/{path}");
-        let mut cmd = as_bridge(&[
-            "curl",
-            "-sS",
-            "--max-time",
-            "20",
-            "-X",
-            method,
-            "--unix-socket",
-            socket.to_str().unwrap(),
-            &url,
-        ]);
+        let base = self.rest_url.as_deref().ok_or("this Slurm runs no slurmrestd (22.05 has no v0.0.44)")?;
+        let url = format!("{base}/slurm/v0.0.44/{path}");
+        let token = std::fs::read_to_string(self.token_file()).map_err(|e| format!("token file: {e}"))?;
+        let header = format!("X-SLURM-USER-TOKEN: {}", token.trim());
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--max-time", "20", "-X", method, "-H", &header, &url]);
         if let Some(body) = body {
             cmd.args(["-H", "Content-Type: application/json", "--data-binary", &body.to_string()]);
         }

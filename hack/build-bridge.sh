@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Builds the real slurm-bridge: its `scheduler` (a whole kube-scheduler with the out-of-tree plugin
+# SlurmBridge), `controllers` and `admission`, from the source archives in the workplace's
+# shared/peers/ (the Go module proxy refuses the bridge and its pinned slurm-client). Nothing of
+# their code is in this repo: the archives are unpacked into the cache, the bridge's go.mod gets one
+# `replace` of slurm-client by the archive of the exact commit it pins, and every other module comes
+# from the proxy.
+#
+# The binaries go to a cache outside the repo, keyed by the bridge's commit:
+#   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/slurm-bridge-<commit>/bin/
+# When all three are there the build is skipped. The last line printed is that bin directory;
+# everything else goes to stderr, so `bin=$(hack/build-bridge.sh | tail -n 1)` works.
+#
+# The scheduler is the slow one: about 15 minutes cold on 2 cores (k8s.io/kubernetes v1.36.0, as
+# the bridge pins it); the other two take a minute or two.
+#
+# Usage: hack/build-bridge.sh [--bin-dir]
+#   --bin-dir: print the bin directory and exit, building nothing (.ci/run names it before the
+#   build it starts in the background is done).
+#
+# Environment: MIGDRA_PEERS, the folder holding slurm-bridge-<commit>.tar.gz and
+# slurm-client-<commit>.tar.gz (default: the first of ../shared/peers beside this repo and
+# /work/shared/peers that exists); MIGDRA_CACHE; GOTOOLCHAIN (default local).
+set -euo pipefail
+
+hack=$(cd "$(dirname "$0")" && pwd)
+me=build-bridge
+# shellcheck source=hack/lib.sh
+source "$hack/lib.sh"
+
+# The commits, one place each: the bridge's newest public commit and the slurm-client its go.mod pins.
+bridge_commit=6f700ba
+client_commit=463c164
+client_module=github.com/SlinkyProject/slurm-client
+
+command -v go >/dev/null || die "go is not on PATH; the bridge is built from Go (needs Go >= 1.26)"
+
+cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
+root=$cache/slurm-bridge-$bridge_commit
+bin=$root/bin
+case ${1:-} in
+	"") ;;
+	--bin-dir) echo "$bin"; exit 0 ;;
+	*) die "unknown argument '$1' (usage: $0 [--bin-dir])" ;;
+esac
+all=(scheduler controllers admission)
+all_there() {
+	local c
+	for c in "${all[@]}"; do [[ -x $bin/$c ]] || return 1; done
+}
+enter_go_cache "$bin" "slurm-bridge ${all[*]}" "$bin" all_there
+peers=${MIGDRA_PEERS:-}
+if [[ -z $peers ]]; then
+	for p in "$hack/../../shared/peers" /work/shared/peers; do
+		[[ -d $p ]] && { peers=$(cd "$p" && pwd); break; }
+	done
+fi
+bridge_tar=$peers/slurm-bridge-$bridge_commit.tar.gz
+client_tar=$peers/slurm-client-$client_commit.tar.gz
+for f in "$bridge_tar" "$client_tar"; do
+	[[ -f $f ]] || die "no $(basename "$f") in '${peers:-<none found>}' (set MIGDRA_PEERS to the folder of the peers' source archives)"
+done
+
+# The bridge's go.sum has no line for the replaced slurm-client, so its own build lets the go
+# command complete go.sum (in the cache's copy, never in the archive).
+export GOFLAGS="-mod=mod -buildvcs=false"
+
+unpacked=$root/src
+rm -rf "$unpacked"
+mkdir -p "$unpacked"
+tar -xzf "$bridge_tar" -C "$unpacked"
+tar -xzf "$client_tar" -C "$unpacked"
+[[ -f $unpacked/slurm-bridge/go.mod && -f $unpacked/slurm-client/go.mod ]] ||
+	die "the archives do not unpack to slurm-bridge/ and slurm-client/ (in $unpacked)"
+(cd "$unpacked/slurm-bridge" && go mod edit -replace "$client_module=../slurm-client")
+kube_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$unpacked/slurm-bridge/go.mod")
+log "slurm-bridge $bridge_commit ($(cat "$unpacked/slurm-bridge/VERSION" 2>/dev/null || echo '?'), k8s.io/kubernetes $kube_version)"
+
+total=$SECONDS
+for c in "${all[@]}"; do
+	[[ -x $bin/$c ]] && { log "$c: already built"; continue; }
+	start=$SECONDS
+	log "$c: building ./cmd/$c ..."
+	(cd "$unpacked/slurm-bridge" && go build -trimpath -ldflags="-s -w" -o "$bin/.$c.tmp" "./cmd/$c") ||
+		{ rm -f "$bin/.$c.tmp"; die "$c: 'go build ./cmd/$c' failed (see the errors above)"; }
+	mv "$bin/.$c.tmp" "$bin/$c"
+	log "$c: built in $((SECONDS - start))s, $(du -h "$bin/$c" | cut -f1)"
+done
+log "slurm-bridge ${all[*]} ready in $((SECONDS - total))s"
+echo "$bin"
