@@ -14,7 +14,16 @@
 # The scheduler is the slow one: about 15 minutes cold on 2 cores (k8s.io/kubernetes v1.36.0, as
 # the bridge pins it); the other two take a minute or two.
 #
-# Usage: hack/build-bridge.sh [--bin-dir]
+# With --patched it builds the bridge with migdra's patch series applied
+# (hack/slurm-bridge/patches/*.patch, in name order, with `git apply`: the change the bridge needs
+# for the loop of docs/bridge-contract.md, written as an upstream pull request,
+# hack/slurm-bridge/PULL_REQUEST.md), cached apart by the series' hash:
+#   .../slurm-bridge-<commit>+migdra-<hash>/bin/
+# and runs the bridge's own unit tests of every package the series touches first; the build
+# stops when they fail. The unchanged and the patched bridge share the Go build cache, so the
+# second one costs little more than the packages the series changes.
+#
+# Usage: hack/build-bridge.sh [--patched] [--bin-dir]
 #   --bin-dir: print the bin directory and exit, building nothing (.ci/run names it before the
 #   build it starts in the background is done).
 #
@@ -35,14 +44,29 @@ client_module=github.com/SlinkyProject/slurm-client
 
 command -v go >/dev/null || die "go is not on PATH; the bridge is built from Go (needs Go >= 1.26)"
 
+patched=false
+print_bin=false
+for arg in "$@"; do
+	case $arg in
+		--patched) patched=true ;;
+		--bin-dir) print_bin=true ;;
+		*) die "unknown argument '$arg' (usage: $0 [--patched] [--bin-dir])" ;;
+	esac
+done
+patches=()
+variant=slurm-bridge-$bridge_commit
+if $patched; then
+	patches=("$hack"/slurm-bridge/patches/*.patch)
+	[[ -f ${patches[0]} ]] || die "no patches in $hack/slurm-bridge/patches"
+	variant+=+migdra-$(cat "${patches[@]}" | sha256sum | cut -c1-12)
+fi
 cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
-root=$cache/slurm-bridge-$bridge_commit
+root=$cache/$variant
 bin=$root/bin
-case ${1:-} in
-	"") ;;
-	--bin-dir) echo "$bin"; exit 0 ;;
-	*) die "unknown argument '$1' (usage: $0 [--bin-dir])" ;;
-esac
+if $print_bin; then
+	echo "$bin"
+	exit 0
+fi
 all=(scheduler controllers admission)
 all_there() {
 	local c
@@ -73,8 +97,23 @@ tar -xzf "$client_tar" -C "$unpacked"
 [[ -f $unpacked/slurm-bridge/go.mod && -f $unpacked/slurm-client/go.mod ]] ||
 	die "the archives do not unpack to slurm-bridge/ and slurm-client/ (in $unpacked)"
 (cd "$unpacked/slurm-bridge" && go mod edit -replace "$client_module=../slurm-client")
+if [[ ${#patches[@]} -gt 0 ]]; then
+	packages=()
+	for p in "${patches[@]}"; do
+		(cd "$unpacked/slurm-bridge" && git apply --whitespace=nowarn "$p") ||
+			die "$(basename "$p") does not apply to slurm-bridge $bridge_commit"
+		log "applied $(basename "$p")"
+		while read -r dir; do packages+=("./$dir"); done < <(awk '/^\+\+\+ b\/.*\.go$/ { sub(/^\+\+\+ b\//, ""); sub(/\/[^\/]*$/, ""); print }' "$p")
+	done
+	mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+	start=$SECONDS
+	log "the bridge's own unit tests of ${packages[*]} ..."
+	(cd "$unpacked/slurm-bridge" && go test -count=1 "${packages[@]}") >&2 ||
+		die "the bridge's unit tests fail with the patch series (see above)"
+	log "unit tests passed in $((SECONDS - start))s"
+fi
 kube_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$unpacked/slurm-bridge/go.mod")
-log "slurm-bridge $bridge_commit ($(cat "$unpacked/slurm-bridge/VERSION" 2>/dev/null || echo '?'), k8s.io/kubernetes $kube_version)"
+log "$variant ($(cat "$unpacked/slurm-bridge/VERSION" 2>/dev/null || echo '?'), k8s.io/kubernetes $kube_version)"
 
 total=$SECONDS
 for c in "${all[@]}"; do
@@ -86,5 +125,5 @@ for c in "${all[@]}"; do
 	mv "$bin/.$c.tmp" "$bin/$c"
 	log "$c: built in $((SECONDS - start))s, $(du -h "$bin/$c" | cut -f1)"
 done
-log "slurm-bridge ${all[*]} ready in $((SECONDS - total))s"
+log "$variant: ${all[*]} ready in $((SECONDS - total))s"
 echo "$bin"

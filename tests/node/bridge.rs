@@ -12,14 +12,15 @@
 //!    Slurm job holds whole;
 //! 3. whole GPUs the bridge's own way (driver `gpu.nvidia.com`, Slurm index k → the device named
 //!    `gpu-k`): a native Slurm job gets the very GPU the pod holds when slurmd's order is not the
-//!    minor order.
+//!    minor order; with migdra's patch series (hack/slurm-bridge/patches) the device's
+//!    `slurmGpuIndex` wins, and the pod gets the GPU Slurm booked.
 //!
 //! Slurm 26.05 runs beside the node with JWT as the bridge's client needs it, configured from
 //! `migdra slurm-conf` for the node's simulated GPUs; the bridge's three binaries run as
 //! `support::bridge` says.
 
 use super::*;
-use support::bridge::{self, Bridge, Profile};
+use support::bridge::{self, Bridge, Profile, Variant};
 use support::slurm::{self, Slurm};
 
 /// The namespace the bridge manages (its webhook sets the bridge's scheduler on its pods).
@@ -35,13 +36,19 @@ struct Hybrid {
 }
 
 /// Slurm for the node's `gpus` as `migdra slurm-conf` configures it (`gres_type` for every GPU,
-/// else the model's), the chart reading that configuration, and the bridge in `profile`; `None`
+/// else the model's), the chart reading that configuration, and the bridge's `variant`; `None`
 /// when Slurm or the bridge cannot run here (skipped, or failed under `MIGDRA_REQUIRE_*`).
-async fn hybrid(steps: &Steps, gpus: &str, gres_type: Option<&str>, env: &[(&str, &str)]) -> Option<Hybrid> {
+async fn hybrid(
+    steps: &Steps,
+    variant: Variant,
+    gpus: &str,
+    gres_type: Option<&str>,
+    env: &[(&str, &str)],
+) -> Option<Hybrid> {
     if !slurm::required() || !slurm::has_bridge_api() {
         return None;
     }
-    let bin = bridge::bin_dir()?;
+    let bin = bridge::bin_dir(variant)?;
     let dir = tempfile::Builder::new().prefix("migdra-bridge-").tempdir().unwrap();
     let slurm_dir = dir.path().join("slurm");
     std::fs::create_dir_all(&slurm_dir).unwrap();
@@ -88,7 +95,10 @@ async fn hybrid(steps: &Steps, gpus: &str, gres_type: Option<&str>, env: &[(&str
             if taints.contains("slinky.slurm.net/managed-node") { Ok(()) } else { Err(taints) }
         })
         .await;
-    steps.say(&format!("slurm-bridge up ({}): scheduler, controllers, admission; node tainted", bin.display()));
+    steps.say(&format!(
+        "slurm-bridge ({variant:?}, {}) up: scheduler, controllers, admission; node tainted",
+        bin.display()
+    ));
     Some(Hybrid { bridge, cluster, slurm, _dir: dir })
 }
 
@@ -167,7 +177,7 @@ async fn the_real_slurm_bridge_with_mig_today() {
     let _serial = SERIAL.lock().await;
     let steps = Steps(Instant::now());
     // Two H100s: NVML index 0 is minor 1, so Slurm's order (NVML's) is not the names' order.
-    let Some(mut h) = hybrid(&steps, "h100-80gb:2", None, &[]).await else { return };
+    let Some(mut h) = hybrid(&steps, Variant::Unchanged, "h100-80gb:2", None, &[]).await else { return };
     let ops = &h.cluster.ops;
 
     // 1. As migdra's docs told bridge users: the device plugin's resource name, nothing else.
@@ -255,17 +265,20 @@ async fn the_real_slurm_bridge_with_mig_today() {
     steps.say("   pod deleted: the bridge cancelled its job, migdra destroyed the instance");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[allow(clippy::print_stdout)] // the test's report
-async fn the_real_slurm_bridge_books_a_whole_gpu_twice() {
-    let _serial = SERIAL.lock().await;
-    let steps = Steps(Instant::now());
-    // 3. Whole GPUs the bridge's way: migdra publishes them as driver gpu.nvidia.com (the bridge
-    // reads no other NVIDIA driver), the GRES type is the DeviceClass's name, MIG is off.
+/// Where a pod's whole GPU and a native job's land: Slurm's index of the pod's job, the
+/// `slurmGpuIndex` of the GPU in the pod's container, and the native job's index.
+struct WholeGpu {
+    pod_k: u64,
+    held_k: u64,
+    native_k: u64,
+}
+
+/// Step 3, whole GPUs the bridge's way: migdra publishes them as driver `gpu.nvidia.com` (the
+/// bridge reads no other NVIDIA driver), the GRES type is the DeviceClass's name, MIG is off. A
+/// pod asks one GPU through the bridge, then a native job asks one; `None` when it cannot run here.
+async fn whole_gpus(steps: &Steps, variant: Variant) -> Option<WholeGpu> {
     let class = "gpu.nvidia.com";
-    let Some(h) = hybrid(&steps, "h100-80gb:2:mig-off", Some(class), &[("MIGDRA_DRIVER_NAME", class)]).await else {
-        return;
-    };
+    let h = hybrid(steps, variant, "h100-80gb:2:mig-off", Some(class), &[("MIGDRA_DRIVER_NAME", class)]).await?;
     let ops = &h.cluster.ops;
     ops.apply(
         "default",
@@ -282,7 +295,7 @@ async fn the_real_slurm_bridge_books_a_whole_gpu_twice() {
     let job = h.job_of("trainer").await;
     ops.wait_running(MANAGED, "trainer").await;
     let uuid = ops.device_inside(MANAGED, "trainer").await;
-    let slurm_k = h.slurm.reserved_index(&job);
+    let pod_k = u64::from(h.slurm.reserved_index(&job));
     let slices = ops.json(&["get", "resourceslices", "-l", &format!("{class}/node={NODE_NAME}")]);
     let devices: Vec<&Value> = slices["items"]
         .as_array()
@@ -298,14 +311,33 @@ async fn the_real_slurm_bridge_books_a_whole_gpu_twice() {
     let held_k = attr(held, "slurmGpuIndex")["int"].as_u64().expect("slurmGpuIndex on the held GPU");
     // A native job asking one GPU: Slurm gives it the GPU it thinks is free.
     let native = h.slurm.submit("native-gpu", "gpu:1");
-    let native_k = h.slurm.running_index(&native);
+    let native_k = u64::from(h.slurm.running_index(&native));
     steps.say(&format!(
-        "3. {class}: Slurm booked GPU {slurm_k} for the pod; the bridge allocated {} (slurmGpuIndex {held_k}, {uuid}); \
-         a native job then got GPU {native_k}",
+        "3. {class}, {variant:?} bridge: Slurm booked GPU {pod_k} for the pod; the bridge allocated {} \
+         (slurmGpuIndex {held_k}, {uuid}); a native job then got GPU {native_k}",
         held["name"]
     ));
-    assert_ne!(u64::from(slurm_k), held_k, "the bridge allocated the GPU Slurm booked: it reads slurmGpuIndex now");
-    assert_eq!(u64::from(native_k), held_k, "the native job did not get the pod's GPU: no double booking");
     h.slurm.cancel(&native);
     h.end("trainer", &job).await;
+    Some(WholeGpu { pod_k, held_k, native_k })
+}
+
+/// The negative control: the bridge as it is maps Slurm's index k to the device named `gpu-k`
+/// (the minor), which is not Slurm's GPU k here (NVML index 0 is minor 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_slurm_bridge_books_a_whole_gpu_twice() {
+    let _serial = SERIAL.lock().await;
+    let Some(w) = whole_gpus(&Steps(Instant::now()), Variant::Unchanged).await else { return };
+    assert_ne!(w.pod_k, w.held_k, "the bridge allocated the GPU Slurm booked: it reads slurmGpuIndex now");
+    assert_eq!(w.native_k, w.held_k, "the native job did not get the pod's GPU: no double booking");
+}
+
+/// With the patch series the device's `slurmGpuIndex` wins over its name: the pod gets the GPU
+/// Slurm booked, and the native job the other one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_patched_slurm_bridge_gives_the_pod_slurms_gpu() {
+    let _serial = SERIAL.lock().await;
+    let Some(w) = whole_gpus(&Steps(Instant::now()), Variant::Patched).await else { return };
+    assert_eq!(w.pod_k, w.held_k, "the pod's GPU is not the one Slurm booked for it");
+    assert_ne!(w.native_k, w.held_k, "the native job got the pod's GPU");
 }

@@ -16,8 +16,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The variable naming the bin directory `hack/build-bridge.sh` prints.
-pub const ENV: &str = "MIGDRA_BRIDGE_BIN";
+/// Which build of the bridge: its commit as it is, or with migdra's patch series
+/// (hack/slurm-bridge/patches, `hack/build-bridge.sh --patched`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Unchanged,
+    Patched,
+}
+
+impl Variant {
+    /// The variable naming its bin directory, and the script's flag that builds it.
+    fn env_and_flag(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            Self::Unchanged => ("MIGDRA_BRIDGE_BIN", None),
+            Self::Patched => ("MIGDRA_BRIDGE_PATCHED_BIN", Some("--patched")),
+        }
+    }
+}
+
 /// The chart's scheduler name, which its webhook writes into the pods of managed namespaces.
 pub const SCHEDULER: &str = "slurm-bridge-scheduler";
 /// The Kubernetes node label naming the Slurm node (`internal/wellknown/labels.go`).
@@ -31,35 +47,33 @@ pub const JOB_LABEL: &str = "scheduler.slinky.slurm.net/slurm-jobid";
 const WEBHOOK_PORT: u16 = 9443;
 const BINARIES: [&str; 3] = ["scheduler", "controllers", "admission"];
 
-/// The bridge's bin directory: [`ENV`], else the cache `hack/build-bridge.sh` fills; `None`
-/// (after saying so) when neither has the three binaries and `MIGDRA_REQUIRE_BRIDGE` is not 1.
-/// Under `.ci/run` the build runs in the background (`MIGDRA_BRIDGE_BUILD_LOG` names its log):
-/// this waits for it, as long as it runs.
-pub fn bin_dir() -> Option<PathBuf> {
-    let found = match std::env::var_os(ENV) {
-        Some(d) => Some(PathBuf::from(d)),
-        None => std::fs::read_dir(super::controlplane::cache_dir()).ok().and_then(|entries| {
-            entries
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("slurm-bridge-"))
-                .map(|e| e.path().join("bin"))
-                .find(|bin| BINARIES.iter().all(|b| bin.join(b).is_file()))
-        }),
-    };
-    if let (Some(dir), Some(log)) = (&found, std::env::var_os("MIGDRA_BRIDGE_BUILD_LOG")) {
-        wait_for_build(dir, Path::new(&log));
-    }
-    match found {
-        Some(dir) if BINARIES.iter().all(|b| dir.join(b).is_file()) => Some(dir),
-        other => {
-            let where_ = other.map_or_else(|| "the cache".to_string(), |d| d.display().to_string());
-            super::skip::skip(
-                super::skip::BRIDGE,
-                &format!("slurm-bridge's binaries are not in {where_}: bash hack/build-bridge.sh builds them"),
-            );
-            None
+/// The bridge's bin directory: its variable, else where `hack/build-bridge.sh` puts the build of
+/// this tree's pins and patches; `None` (after saying so) when the three binaries are not there
+/// and `MIGDRA_REQUIRE_BRIDGE` is not 1. Under `.ci/run` the builds run in the background
+/// (`MIGDRA_BRIDGE_BUILD_LOG` names their log): this waits for them.
+pub fn bin_dir(variant: Variant) -> Option<PathBuf> {
+    let (env, flag) = variant.env_and_flag();
+    let dir = match std::env::var_os(env) {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let script = super::render::repo().join("hack/build-bridge.sh");
+            let out = Command::new("bash").arg(script).args(flag).arg("--bin-dir").output().unwrap();
+            assert!(out.status.success(), "build-bridge.sh --bin-dir: {}", String::from_utf8_lossy(&out.stderr));
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
         }
+    };
+    if let Some(log) = std::env::var_os("MIGDRA_BRIDGE_BUILD_LOG") {
+        wait_for_build(&dir, Path::new(&log));
     }
+    if BINARIES.iter().all(|b| dir.join(b).is_file()) {
+        return Some(dir);
+    }
+    let build = format!("bash hack/build-bridge.sh{}", flag.map(|f| format!(" {f}")).unwrap_or_default());
+    super::skip::skip(
+        super::skip::BRIDGE,
+        &format!("slurm-bridge's binaries ({variant:?}) are not in {}: {build} builds them", dir.display()),
+    );
+    None
 }
 
 /// Wait until the background build writing `log` ends: `.ci/run` appends `exit STATUS` to it
