@@ -260,59 +260,11 @@ impl Bridge {
         );
         let certs = self.dir.join("certs");
         std::fs::create_dir_all(&certs).unwrap();
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl").args(args).current_dir(&certs).output().expect("openssl");
-            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=slurm-bridge-test-ca",
-        ]);
-        std::fs::write(certs.join("ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n").unwrap();
-        openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "tls.key",
-            "-out",
-            "tls.csr",
-            "-subj",
-            "/CN=slurm-bridge-admission",
-        ]);
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "tls.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "tls.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "ext",
-        ]);
+        // The control plane's CA and serving certificate for 127.0.0.1, under the names
+        // controller-runtime's webhook server reads.
+        super::controlplane::certificates(&certs, None);
+        std::fs::rename(certs.join("apiserver.crt"), certs.join("tls.crt")).unwrap();
+        std::fs::rename(certs.join("apiserver.key"), certs.join("tls.key")).unwrap();
         let args = self.flags_of_controller_runtime();
         let serving = PathBuf::from("/tmp/k8s-webhook-server/serving-certs");
         std::fs::create_dir_all(&serving).unwrap();

@@ -190,7 +190,8 @@ fn openssl(dir: &Path, args: &[&str]) {
 
 /// A CA, a serving certificate for 127.0.0.1 (and `extra_ip`) signed by it, and the
 /// service-account key pair; all P-256 keys, which Go and rustls both take and openssl makes fast.
-fn certificates(dir: &Path, extra_ip: Option<&str>) {
+/// In `dir`: `ca.crt`, `apiserver.crt` and `apiserver.key` (also the bridge's webhook's), `sa.key`.
+pub fn certificates(dir: &Path, extra_ip: Option<&str>) {
     let key = |name: &str| {
         openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", name])
     };
