@@ -23,9 +23,10 @@
 # stops when they fail. The unchanged and the patched bridge share the Go build cache, so the
 # second one costs little more than the packages the series changes.
 #
-# Usage: hack/build-bridge.sh [--patched] [--bin-dir]
+# Usage: hack/build-bridge.sh [--patched] [--bin-dir] [--peers]
 #   --bin-dir: print the bin directory and exit, building nothing (.ci/run names it before the
 #   build it starts in the background is done).
+#   --peers: print the bridge's archive and exit, or fail when the archives are not found.
 #
 # Environment: MIGDRA_PEERS, the folder holding slurm-bridge-<commit>.tar.gz and
 # slurm-client-<commit>.tar.gz (default: the first of ../shared/peers beside this repo and
@@ -44,13 +45,30 @@ client_module=github.com/SlinkyProject/slurm-client
 
 command -v go >/dev/null || die "go is not on PATH; the bridge is built from Go (needs Go >= 1.26)"
 
+# find_peers: set bridge_tar and client_tar from MIGDRA_PEERS, else the first of
+# ../shared/peers beside this repo and /work/shared/peers that exists; die when either is missing.
+find_peers() {
+	local peers=${MIGDRA_PEERS:-} p f
+	if [[ -z $peers ]]; then
+		for p in "$hack/../../shared/peers" /work/shared/peers; do
+			[[ -d $p ]] && { peers=$(cd "$p" && pwd); break; }
+		done
+	fi
+	bridge_tar=$peers/slurm-bridge-$bridge_commit.tar.gz
+	client_tar=$peers/slurm-client-$client_commit.tar.gz
+	for f in "$bridge_tar" "$client_tar"; do
+		[[ -f $f ]] || die "no $(basename "$f") in '${peers:-<none found>}' (set MIGDRA_PEERS to the folder of the peers' source archives)"
+	done
+}
+
 patched=false
 print_bin=false
 for arg in "$@"; do
 	case $arg in
 		--patched) patched=true ;;
 		--bin-dir) print_bin=true ;;
-		*) die "unknown argument '$arg' (usage: $0 [--patched] [--bin-dir])" ;;
+		--peers) find_peers; echo "$bridge_tar"; exit 0 ;;
+		*) die "unknown argument '$arg' (usage: $0 [--patched] [--bin-dir] [--peers])" ;;
 	esac
 done
 patches=()
@@ -73,18 +91,7 @@ all_there() {
 	for c in "${all[@]}"; do [[ -x $bin/$c ]] || return 1; done
 }
 enter_go_cache "$bin" "slurm-bridge ${all[*]}" "$bin" all_there
-peers=${MIGDRA_PEERS:-}
-if [[ -z $peers ]]; then
-	for p in "$hack/../../shared/peers" /work/shared/peers; do
-		[[ -d $p ]] && { peers=$(cd "$p" && pwd); break; }
-	done
-fi
-bridge_tar=$peers/slurm-bridge-$bridge_commit.tar.gz
-client_tar=$peers/slurm-client-$client_commit.tar.gz
-for f in "$bridge_tar" "$client_tar"; do
-	[[ -f $f ]] || die "no $(basename "$f") in '${peers:-<none found>}' (set MIGDRA_PEERS to the folder of the peers' source archives)"
-done
-
+find_peers
 # The bridge's go.sum has no line for the replaced slurm-client, so its own build lets the go
 # command complete go.sum (in the cache's copy, never in the archive).
 export GOFLAGS="-mod=mod -buildvcs=false"

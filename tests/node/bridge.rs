@@ -152,8 +152,7 @@ impl Hybrid {
 
     /// `scontrol show node`'s `KEY=` value for the Slurm node.
     fn node_field(&self, key: &str) -> String {
-        let text = self.slurm.scontrol(&["show", "node", &slurm::host()]);
-        text.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))).unwrap_or("").to_string()
+        slurm::field(&self.slurm.scontrol(&["show", "node", &slurm::host()]), key).to_string()
     }
 
     /// Delete a managed pod and wait until the bridge has ended its job.
@@ -186,17 +185,17 @@ async fn the_real_slurm_bridge_with_mig_today() {
     ops.wait_running(MANAGED, "notebook").await;
     let detail = h.slurm.scontrol(&["show", "job", "-d", &job]);
     let (alloc, total) = (h.node_field("CPUAlloc"), h.node_field("CPUTot"));
-    let field = |key: &str| detail.split_whitespace().find_map(|w| w.strip_prefix(key)).unwrap_or("").to_string();
+    let field = |key: &str| slurm::field(&detail, key);
     let gpus = slurm::job_gpus(&detail);
     steps.say(&format!(
         "1. nvidia.com/mig-1g.10gb: job {job} running, asked {}, Exclusive={}, holds CPUs {alloc}/{total} and GPUs {gpus:?}; claims {:?}",
-        field("ReqTRES="),
-        field("Exclusive="),
+        field("ReqTRES"),
+        field("Exclusive"),
         h.claims_of("notebook")
     ));
     // It asks for no GPU, but exclusively: Slurm gives it the node, every GPU with it.
-    assert!(!field("ReqTRES=").contains("gres/"), "the bridge asked Slurm for a GRES this time:\n{detail}");
-    assert_eq!(field("Exclusive="), "NODE", "the bridge's job is not node-exclusive:\n{detail}");
+    assert!(!field("ReqTRES").contains("gres/"), "the bridge asked Slurm for a GRES this time:\n{detail}");
+    assert_eq!(field("Exclusive"), "NODE", "the bridge's job is not node-exclusive:\n{detail}");
     assert_eq!(alloc, total, "the bridge's job does not hold every CPU of the node:\n{detail}");
     assert_eq!(gpus, Ok(vec![0, 1]), "the bridge's job does not hold both GPUs:\n{detail}");
     assert!(h.claims_of("notebook").is_empty(), "the pod got a claim: {:?}", h.claims_of("notebook"));

@@ -409,7 +409,8 @@ impl Slurm {
     /// `JobState=` of a job.
     pub fn job_state(&self, id: &str) -> String {
         let text = self.scontrol(&["show", "job", id]);
-        text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("GONE").to_string()
+        let state = field(&text, "JobState");
+        if state.is_empty() { "GONE".into() } else { state.into() }
     }
 
     /// Wait until a job runs; its GPU index (`scontrol show job -d`: `GRES=shard:1(IDX:1)`).
@@ -506,6 +507,11 @@ impl Slurm {
         run(bin("scancel"), &[id], &self.conf);
         self.wait_for(|s| !matches!(s.job_state(id).as_str(), "RUNNING" | "COMPLETING" | "PENDING"), "job cancelled");
     }
+}
+
+/// The value of `KEY=` in `scontrol show` output (its first occurrence), or "" when absent.
+pub fn field<'a>(text: &'a str, key: &str) -> &'a str {
+    text.split_whitespace().find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('='))).unwrap_or("")
 }
 
 /// The GPU indexes a job holds, from `scontrol show job -d`'s per-node `GRES=`. Both releases print
