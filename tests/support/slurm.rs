@@ -473,8 +473,21 @@ impl Slurm {
     }
 
     /// GPU indexes of a running job, as slurm-bridge's PreBind reads them: `GET resources/{id}`.
+    /// Asked again for up to 60 s while slurmctld answers "Unable to query": it stalls ~10 s
+    /// resolving an External node's name (the bridge's `k8s-only` resolves nowhere), longer than
+    /// slurmrestd's RPC timeout; the bridge's PreBind fails then and the scheduler retries it.
+    /// Any other error, or the same one after 60 s, is returned.
     pub fn rest_index(&self, id: &str) -> Result<Vec<u32>, String> {
-        rest_gpus(&self.rest_call("GET", &format!("resources/{id}"), None)?)
+        let start = Instant::now();
+        loop {
+            match self.rest_call("GET", &format!("resources/{id}"), None) {
+                Ok(answer) => return rest_gpus(&answer),
+                Err(e) if e.contains("Unable to query") && start.elapsed() < Duration::from_secs(60) => {
+                    std::thread::sleep(Duration::from_millis(500))
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The GPU index of the bridge's running placeholder, as its PreBind reads it: slurmrestd's
