@@ -12,11 +12,11 @@
 # works.
 #
 # Usage: hack/build-controlplane.sh CONTROLPLANE_MODULE_DIR [COMPONENT...]
-#   CONTROLPLANE_MODULE_DIR is hack/controlplane-<release> (1.37, 1.36 or 1.34); another dir of
+#   CONTROLPLANE_MODULE_DIR is hack/controlplane-<release> (1.37 or 1.36); another dir of
 #   the same shape (a go.mod requiring k8s.io/kubernetes with its staging replaces) builds
 #   another version.
 #   COMPONENTS default to all four: kube-apiserver kube-scheduler kube-controller-manager etcd;
-#   name fewer to build (and wait for) only those, e.g. `hack/controlplane-1.34 kube-apiserver`.
+#   name fewer to build (and wait for) only those, e.g. `hack/controlplane-1.36 kube-apiserver`.
 # Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
 # GOMODCACHE, which are outside the repo by default.
 set -euo pipefail

@@ -13,7 +13,7 @@
 # works.
 #
 # Usage: hack/build-kubelet.sh MODULE_DIR
-#   MODULE_DIR is hack/kubelet-<release> (1.37, 1.36 or 1.34): the same program against the
+#   MODULE_DIR is hack/kubelet-<release> (1.37 or 1.36): the same program against the
 #   kubelet code of that release.
 # Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
 # GOMODCACHE, which are outside the repo by default.
@@ -33,7 +33,7 @@ kube_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit } $1
 [[ -n $kube_version ]] || die "no k8s.io/kubernetes requirement in $mod/go.mod"
 
 # Names and contents of every file in the module dir, in a fixed order; -L reads through
-# hack/kubelet-1.34/main.go, a symlink to hack/kubelet-1.36/main.go.
+# hack/kubelet-1.37/main.go, a symlink to hack/kubelet-1.36/main.go.
 hash=$(cd "$mod" && find -L . -type f ! -name '.*' | LC_ALL=C sort | while read -r f; do
 	printf '%s\n' "$f"
 	cat "$f"

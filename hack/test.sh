@@ -5,7 +5,7 @@
 # ends with one summary line over all test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The Kubernetes test matrix (1.37.2, 1.36.3, 1.34.4): control planes and kubelet code, built
+# The Kubernetes test matrix (1.37.2, 1.36.3): control planes and kubelet code, built
 # once and cached outside the repo; see hack/matrix.sh.
 # shellcheck source=hack/matrix.sh
 source hack/matrix.sh
@@ -27,7 +27,7 @@ for file in tests/*.rs; do
   [[ $name == fuzz ]] || targets+=(--test "$name")
 done
 cargo test --locked --workspace --features migdra/crash-points --lib --bins "${targets[@]}" -- --show-output 2>&1 | tee "$log"
-for var in MIGDRA_CONTROLPLANE_136_BIN MIGDRA_CONTROLPLANE_134_BIN; do
+for var in MIGDRA_CONTROLPLANE_136_BIN; do
   [[ ${!var} != "$MIGDRA_CONTROLPLANE_BIN" ]] || continue
   echo "=== tests/controlplane.rs, control plane $("${!var}/kube-apiserver" --version)"
   MIGDRA_CONTROLPLANE_BIN=${!var} cargo test --locked --workspace --features migdra/crash-points \

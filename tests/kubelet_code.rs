@@ -1,6 +1,6 @@
 //! migdra against the kubelet's own code, not our stand-in: `migdra-kubelet` (hack/kubelet-1.36,
 //! built by `hack/build-kubelet.sh`) runs the kubelet's plugin manager and DRA manager of
-//! Kubernetes 1.37.2, 1.36.3 and 1.34.4, and the CDI library a container runtime uses, each
+//! Kubernetes 1.37.2 and 1.36.3, and the CDI library a container runtime uses, each
 //! against a real control plane of its own version (tests/support/controlplane.rs) and a real
 //! `migdra serve` on simulated GPUs.
 //!
@@ -35,7 +35,7 @@ use support::command::Run;
 use support::controlplane::ControlPlane;
 use support::daemon::Daemon;
 use support::eventually::eventually;
-use support::kubelet_code::{Build, Dirs, KUBELET_134, KUBELET_136, KUBELET_137, KubeletCode, ms_between, unix_ms};
+use support::kubelet_code::{Build, Dirs, KUBELET_136, KUBELET_137, KubeletCode, ms_between, unix_ms};
 use support::logs::{file_tail, tail};
 use support::node::NodeDir;
 use support::{DRIVER, NODE};
@@ -801,54 +801,6 @@ async fn health_overlap_and_reboot(build: Build, health_version: &str) {
     assert_eq!(again, device, "the same partition, a new instance");
     assert_eq!(env.instances().len(), 1, "{:?}", env.instances());
     println!("  prepared again after the reboot: {again}, CDI spec rewritten");
-    drop(serve);
-}
-
-/// Scenario 9: the kubelet code of 1.34.4 registers migdra and prepares, against the 1.34.4
-/// control plane.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubelet_134_registers_and_prepares() {
-    let _serial = SERIAL.lock().await;
-    let mut env = Env::start(KUBELET_134).await;
-    println!("9. the kubelet code of v1.34.4");
-    let mut kubelet = env.kubelet("kubelet-state");
-    let events = kubelet.call(json!({"cmd": "events"}), Duration::from_secs(10)).await;
-    println!("  feature gates: {}", events["feature_gates"]);
-    let serve = env.serve(None).await;
-    register(&env, &mut kubelet, &serve, 0, "1.34 kubelet code").await;
-    env.pool(Duration::from_secs(60)).await;
-    env.create_pod("p-134", Some("mig-1g-10gb"), None).await;
-    env.bound("p-134").await;
-    let (device, _) = env.prepared(&mut kubelet, "p-134").await;
-    // The bridge's claim is named like the pod's claim entry ("gpu"): the 1.34 DRA manager
-    // finds a claim's health only then (below).
-    let bridge = format!("gpu-{}-mig-3g40gb-9-4", other_h100(&env, &device));
-    env.bridge_claim("gpu", "p-bridge-134", &bridge).await;
-    env.prepared(&mut kubelet, "p-bridge-134").await;
-    let parent = env.device_status("gpu").await["data"]["parentUUID"].as_str().unwrap().to_string();
-    let sim = SimBackend::open(&env.sim_state(), None).unwrap();
-    let t = Instant::now();
-    health_becomes(&mut kubelet, "p-bridge-134", "Healthy", t).await;
-    sim.xid(&parent, None, 48).unwrap();
-    let sick = health_becomes(&mut kubelet, "p-bridge-134", "Unhealthy", t).await;
-    sim.set_gpu_health(&parent, true).unwrap();
-    health_becomes(&mut kubelet, "p-bridge-134", "Healthy", Instant::now()).await;
-    println!("  health through the 1.34 DRA manager (alpha gate on): XID 48 → {sick:?}, Healthy again once repaired");
-    assert_eq!(health_versions(&serve), ["v1alpha1"], "the 1.34 DRA manager knows only v1alpha1");
-    // 1.34's UpdateAllocatedResourcesStatus matches the container's claim entry against the
-    // ResourceClaim's own name, so a claim made from a template (named <pod>-<entry>-<suffix>)
-    // never gets a status; 1.36 looks the name up in the pod's resourceClaimStatuses.
-    let h = allocated_health(&mut kubelet, "p-134").await;
-    assert!(h.is_empty(), "1.34 reports the template claim's health after all: {h:?}");
-    println!(
-        "  the 1.34 DRA manager reports no allocatedResourcesStatus for the template claim of p-134 (upstream 1.34 behaviour)"
-    );
-    let claim_134 = env.pod_claim("p-134").await.metadata.name.unwrap();
-    let a = kubelet.unprepare(NS, "p-134").await;
-    assert_eq!(a["ok"], true, "{a}");
-    assert!(!env.metadata_dir(&claim_134).exists(), "unprepare removes the claim's device metadata");
-    assert!(!env.instances().iter().any(|(d, _)| *d == device), "unprepare through 1.34 destroyed {device}");
-    println!("  unprepared p-134: {device} destroyed");
     drop(serve);
 }
 

@@ -1,7 +1,7 @@
 package main
 
 // The calls whose signatures changed between the Kubernetes versions this program is built
-// against; this is the 1.36 side (hack/kubelet-1.34/compat.go is the 1.34 one).
+// against; this is the 1.36 side (hack/kubelet-1.37/compat.go is the 1.37 one).
 
 import (
 	"context"

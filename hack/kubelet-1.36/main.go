@@ -26,8 +26,7 @@
 //	{"cmd":"exit"}
 //
 // The code shared by every Kubernetes version is this file; compat.go beside it holds the calls
-// whose signatures differ between versions (hack/kubelet-1.34 and hack/kubelet-1.37 link this file
-// and have their own).
+// whose signatures differ between versions (hack/kubelet-1.37 links this file and has its own).
 package main
 
 import (

@@ -26,7 +26,7 @@ macro_rules! releases {
 }
 
 releases!(
-    kubernetes: ["1.37.2", "1.36.3", "1.34.4"],
+    kubernetes: ["1.37.2", "1.36.3"],
     slurm: ["26.05.5", "22.05.8"],
     containerd: "2.4.2",
     runc: "1.5.3"

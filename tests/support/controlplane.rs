@@ -128,7 +128,6 @@ pub struct Release {
 
 pub const K137: Release = Release { minor: 37, env: "MIGDRA_CONTROLPLANE_137_BIN", module: "hack/controlplane-1.37" };
 pub const K136: Release = Release { minor: 36, env: "MIGDRA_CONTROLPLANE_136_BIN", module: "hack/controlplane-1.36" };
-pub const K134: Release = Release { minor: 34, env: "MIGDRA_CONTROLPLANE_134_BIN", module: "hack/controlplane-1.34" };
 
 /// The bin directory of `release` holding `binaries`: `$<release.env>`, else the newest patch in
 /// the cache; or a panic that says how to build it.
@@ -160,11 +159,6 @@ pub fn release_dir(release: Release, binaries: &[&str]) -> PathBuf {
         assert!(dir.join(b).is_file(), "{} is missing: {help}", dir.join(b).display());
     }
     dir
-}
-
-/// The 1.34 kube-apiserver (see [`release_dir`]).
-pub fn apiserver_134_dir() -> PathBuf {
-    release_dir(K134, &["kube-apiserver"])
 }
 
 /// `(minor, patch)` of `…/controlplane-v1.<minor>.<patch>-…/bin`, so the newest Kubernetes wins.
@@ -279,21 +273,25 @@ impl ControlPlane {
         Self::start_from(release_dir(release, &BINARIES), None, None, Some(pod_gateway)).await
     }
 
-    /// Only etcd and the kube-apiserver found in `apiserver_dir` (another Kubernetes version);
-    /// no scheduler or controller manager, which must not be newer than the API server.
-    pub async fn start_apiserver_only(apiserver_dir: PathBuf) -> Self {
-        Self::start_from(bin_dir(), Some(apiserver_dir), None, None).await
+    /// Only etcd and the kube-apiserver found in `apiserver_dir` (another Kubernetes version),
+    /// with `gates` (e.g. `DRADeviceTaints=false`) beside [`FEATURE_GATES`]; no scheduler or
+    /// controller manager, which must not be newer than the API server.
+    pub async fn start_apiserver_only(apiserver_dir: PathBuf, gates: &str) -> Self {
+        Self::start_from(bin_dir(), Some((apiserver_dir, gates)), None, None).await
     }
 
     async fn start_from(
         bin: PathBuf,
-        apiserver_dir: Option<PathBuf>,
+        apiserver: Option<(PathBuf, &str)>,
         qps: Option<u32>,
         pod_gateway: Option<&str>,
     ) -> Self {
         super::logs::remember_panics();
         let t0 = Instant::now();
-        let api_bin = apiserver_dir.clone().unwrap_or_else(|| bin.clone());
+        let (api_bin, api_gates) = match &apiserver {
+            Some((dir, gates)) => (dir.clone(), format!("{FEATURE_GATES},{gates}")),
+            None => (bin.clone(), FEATURE_GATES.to_string()),
+        };
         let dir = tempfile::Builder::new().prefix("migdra-controlplane-").tempdir().unwrap();
         let d = dir.path().to_path_buf();
         certificates(&d, pod_gateway);
@@ -381,7 +379,7 @@ impl ControlPlane {
                 // Privileged containers allowed, as every cluster that runs a GPU driver's pods
                 // sets it (kubeadm, kind); the default refuses migdra's DaemonSet.
                 "--allow-privileged=true".into(),
-                format!("--feature-gates={FEATURE_GATES}"),
+                format!("--feature-gates={api_gates}"),
                 "--profiling=false".into(),
                 "--v=1".into(),
             ],
@@ -400,7 +398,7 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         cp.versions.apiserver = client.apiserver_version().await.map(|v| v.git_version).unwrap_or_default();
-        if apiserver_dir.is_some() {
+        if apiserver.is_some() {
             cp.startup = t0.elapsed();
             return cp;
         }

@@ -2,13 +2,13 @@
 //! kubelet's plugin manager, DRA manager and the CDI library in one process, and answers one
 //! JSON line per command line (see the program's header for the protocol).
 //!
-//! - The binary comes from `$MIGDRA_KUBELET_136_BIN` (`$MIGDRA_KUBELET_137_BIN`, `$MIGDRA_KUBELET_134_BIN`
-//!   for the 1.37 and 1.34 builds), a directory holding `migdra-kubelet`; without it, `hack/build-kubelet.sh` is run,
+//! - The binary comes from `$MIGDRA_KUBELET_136_BIN` (`$MIGDRA_KUBELET_137_BIN`
+//!   for the 1.37 build), a directory holding `migdra-kubelet`; without it, `hack/build-kubelet.sh` is run,
 //!   which answers at once from its cache when the sources have not changed. A missing binary
 //!   or a failed build fails the test with the command to run; nothing is skipped.
 //! - Its stderr (klog) goes to a log file beside its directories, printed in every failure.
 
-use super::controlplane::{K134, K136, K137, Release};
+use super::controlplane::{K136, K137, Release};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -29,8 +29,6 @@ pub struct Build {
 pub const KUBELET_137: Build = Build { env: "MIGDRA_KUBELET_137_BIN", module: "hack/kubelet-1.37", controlplane: K137 };
 /// The same program on the kubelet code of 1.36 (hack/kubelet-1.36).
 pub const KUBELET_136: Build = Build { env: "MIGDRA_KUBELET_136_BIN", module: "hack/kubelet-1.36", controlplane: K136 };
-/// The same program on the kubelet code of 1.34 (hack/kubelet-1.34).
-pub const KUBELET_134: Build = Build { env: "MIGDRA_KUBELET_134_BIN", module: "hack/kubelet-1.34", controlplane: K134 };
 
 /// `migdra-kubelet` of this build, or a panic that says how to get it.
 pub fn binary(build: Build) -> PathBuf {

@@ -1,1 +1,0 @@
-../kubelet-1.36/main.go
