@@ -20,7 +20,10 @@
 # hack/slurm-bridge/PULL_REQUEST.md), cached apart by the series' hash:
 #   .../slurm-bridge-<commit>+migdra-<hash>/bin/
 # and runs the bridge's own unit tests of every package the series touches first; the build
-# stops when they fail. The unchanged and the patched bridge share the Go build cache, so the
+# stops when they fail. The bridge's controller suites start an API server (controller-runtime's
+# envtest): they get etcd and kube-apiserver from the project's 1.37 control plane
+# (hack/build-controlplane.sh, cached; it waits while another process builds it), or from
+# KUBEBUILDER_ASSETS when set. The unchanged and the patched bridge share the Go build cache, so the
 # second one costs little more than the packages the series changes.
 #
 # Usage: hack/build-bridge.sh [--patched] [--bin-dir] [--peers]
@@ -113,8 +116,13 @@ if [[ ${#patches[@]} -gt 0 ]]; then
 		while read -r dir; do packages+=("./$dir"); done < <(awk '/^\+\+\+ b\/.*\.go$/ { sub(/^\+\+\+ b\//, ""); sub(/\/[^\/]*$/, ""); print }' "$p")
 	done
 	mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+	if [[ -z ${KUBEBUILDER_ASSETS:-} ]]; then
+		KUBEBUILDER_ASSETS=$(env -u GOFLAGS bash "$hack/build-controlplane.sh" "$hack/controlplane-1.37" etcd kube-apiserver | tail -n 1) ||
+			die "the bridge's envtest suites need etcd and kube-apiserver: hack/build-controlplane.sh failed"
+	fi
+	export KUBEBUILDER_ASSETS
 	start=$SECONDS
-	log "the bridge's own unit tests of ${packages[*]} ..."
+	log "the bridge's own unit tests of ${packages[*]} (envtest: $KUBEBUILDER_ASSETS) ..."
 	(cd "$unpacked/slurm-bridge" && go test -count=1 "${packages[@]}") >&2 ||
 		die "the bridge's unit tests fail with the patch series (see above)"
 	log "unit tests passed in $((SECONDS - start))s"

@@ -1,7 +1,7 @@
 //! The real slurm-bridge beside migdra on the real node: what the bridge at `6f700ba` does with
 //! migdra's devices today (docs/bridge-contract.md, "What the bridge does today"), pinned so that
-//! a newer bridge that changes it is noticed. Nothing here is the contract's loop
-//! (`tests/slurm_loop.rs` plays that); each step asserts the bridge's own behaviour:
+//! a newer bridge that changes it is noticed, and what the bridge does with migdra's patch series
+//! (hack/slurm-bridge/patches):
 //!
 //! 1. a pod asking `nvidia.com/mig-1g.10gb` as NVIDIA's device plugin names it becomes an
 //!    exclusive external job holding the whole Slurm node, with no claim, and its container
@@ -13,7 +13,9 @@
 //! 3. whole GPUs the bridge's own way (driver `gpu.nvidia.com`, Slurm index k → the device named
 //!    `gpu-k`): a native Slurm job gets the very GPU the pod holds when slurmd's order is not the
 //!    minor order; with migdra's patch series (hack/slurm-bridge/patches) the device's
-//!    `slurmGpuIndex` wins, and the pod gets the GPU Slurm booked.
+//!    `slurmGpuIndex` wins, and the pod gets the GPU Slurm booked;
+//! 4. with the patch series, MIG pods asking `nvidia.com/mig-<profile>` get shards on one GPU in
+//!    Slurm and a partition on exactly that GPU in Kubernetes, beside a native job on the other.
 //!
 //! Slurm 26.05 runs beside the node with JWT as the bridge's client needs it, configured from
 //! `migdra slurm-conf` for the node's simulated GPUs; the bridge's three binaries run as
@@ -150,6 +152,19 @@ impl Hybrid {
         names
     }
 
+    /// The pod's one claim and the status entry of migdra's device in it.
+    fn prepared_claim(&self, pod: &str) -> (Value, Value) {
+        let claims = self.claims_of(pod);
+        let [claim] = &claims[..] else { panic!("{pod} has claims {claims:?}, expected its extended-resource claim") };
+        let claim = self.cluster.ops.json(&["get", "resourceclaim", "-n", MANAGED, claim]);
+        let status = claim["status"]["devices"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["driver"] == support::DRIVER))
+            .unwrap_or_else(|| panic!("no status of migdra's device in {}", claim["status"]))
+            .clone();
+        (claim, status)
+    }
+
     /// `scontrol show node`'s `KEY=` value for the Slurm node.
     fn node_field(&self, key: &str) -> String {
         slurm::field(&self.slurm.scontrol(&["show", "node", &slurm::host()]), key).to_string()
@@ -158,8 +173,13 @@ impl Hybrid {
     /// Delete a managed pod and wait until the bridge has ended its job.
     async fn end(&self, pod: &str, job: &str) {
         self.cluster.ops.kubectl(&["delete", "pod", "-n", MANAGED, pod, "--wait=true", "--timeout=120s"]);
-        eventually(format!("job {job} of {pod} ended by the bridge"))
-            .within(Duration::from_secs(60))
+        self.job_ends(job, &format!("job {job} of {pod} ended by the bridge")).await;
+    }
+
+    /// Wait until a Slurm job is neither running nor pending.
+    async fn job_ends(&self, job: &str, what: &str) {
+        eventually(what)
+            .within(Duration::from_secs(90))
             .every(Duration::from_millis(500))
             .explain(|| self.bridge.log("controllers"))
             .until(|| {
@@ -240,13 +260,7 @@ async fn the_real_slurm_bridge_with_mig_today() {
     ops.wait_running(MANAGED, "sharded").await;
     let uuid = ops.device_inside(MANAGED, "sharded").await;
     let slurm_k = h.slurm.reserved_index(&job);
-    let claims = h.claims_of("sharded");
-    let [claim] = &claims[..] else { panic!("sharded has claims {claims:?}, expected its extended-resource claim") };
-    let claim = ops.json(&["get", "resourceclaim", "-n", MANAGED, claim]);
-    let status = claim["status"]["devices"]
-        .as_array()
-        .and_then(|d| d.iter().find(|d| d["driver"] == support::DRIVER))
-        .unwrap_or_else(|| panic!("no status of migdra's device in {}", claim["status"]));
+    let (_, status) = h.prepared_claim("sharded");
     let data = &status["data"];
     let claim_k = data["slurmGpuIndex"].as_u64().expect("slurmGpuIndex in the claim's status");
     steps.say(&format!(
@@ -339,4 +353,101 @@ async fn the_patched_slurm_bridge_gives_the_pod_slurms_gpu() {
     let Some(w) = whole_gpus(&Steps(Instant::now()), Variant::Patched).await else { return };
     assert_eq!(w.pod_k, w.held_k, "the pod's GPU is not the one Slurm booked for it");
     assert_ne!(w.native_k, w.held_k, "the native job got the pod's GPU");
+}
+
+/// With the patch series a MIG pod asks exactly what migdra's docs tell bridge users to ask
+/// (`nvidia.com/mig-<profile>: 1`, nothing else): the bridge reserves the partition's
+/// `slurmShards` as shards on one GPU, not the node, and writes the pod's claim for a partition of
+/// that profile on the GPU Slurm booked that fits beside the allocated ones. A native job holding
+/// one GPU whole keeps both MIG pods on the other, and Slurm's shards there are theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::print_stdout, clippy::too_many_lines)] // the test's report; one scenario in steps
+async fn the_patched_slurm_bridge_gives_mig_pods_slurms_gpu() {
+    let _serial = SERIAL.lock().await;
+    let steps = Steps(Instant::now());
+    let Some(h) = hybrid(&steps, Variant::Patched, "h100-80gb:2", None, &[]).await else { return };
+    let ops = &h.cluster.ops;
+    let native = h.slurm.submit("native-whole", "gpu:1");
+    let native_k = h.slurm.running_index(&native);
+    let mut held = Vec::new();
+    for (pod, profile, shards) in [("notebook", "1g.10gb", 1), ("inference", "3g.40gb", 4)] {
+        ops.apply(MANAGED, &bridged_pod(pod, &format!("{{nvidia.com/mig-{profile}: 1}}"), &[]));
+        let job = h.job_of(pod).await;
+        ops.wait_running(MANAGED, pod).await;
+        let uuid = ops.device_inside(MANAGED, pod).await;
+        let detail = h.slurm.scontrol(&["show", "job", "-d", &job]);
+        let field = |key: &str| slurm::field(&detail, key).to_string();
+        let slurm_k = h.slurm.reserved_index(&job);
+        let (claim, status) = h.prepared_claim(pod);
+        let data = &status["data"];
+        let selector = claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"].clone();
+        steps.say(&format!(
+            "{pod}: nvidia.com/mig-{profile}: job {job} asked {}, Exclusive={}, Slurm booked GPU {slurm_k} \
+             (a native job holds GPU {native_k}); the bridge allocated {}, migdra prepared {} on slurmGpuIndex {}",
+            field("TresPerNode"),
+            field("Exclusive"),
+            status["device"],
+            data["migUUID"],
+            data["slurmGpuIndex"]
+        ));
+        assert_eq!(
+            field("TresPerNode"),
+            format!("gres/shard={shards}"),
+            "job {job} does not ask {shards} shards:\n{detail}"
+        );
+        assert_ne!(field("Exclusive"), "NODE", "a MIG pod's job holds the whole node:\n{detail}");
+        assert_ne!(slurm_k, native_k, "Slurm booked the pod's shards on the GPU the native job holds whole");
+        assert_eq!(data["slurmGpuIndex"].as_u64(), Some(u64::from(slurm_k)), "the MIG device is not on Slurm's GPU");
+        assert_eq!(data["profile"], profile, "the pod got another profile");
+        assert_eq!(data["slurmShards"].as_u64(), Some(shards), "migdra's shards for {profile}");
+        assert_eq!(data["migUUID"].as_str(), Some(uuid.as_str()), "the container's device is not the claim's");
+        let pinned = format!("slurmGpuIndex == {slurm_k}");
+        assert!(
+            selector.as_str().is_some_and(|s| s.contains(&pinned)),
+            "the claim does not select Slurm's GPU: {selector}"
+        );
+        held.push((pod, job, status["device"].as_str().unwrap().to_owned()));
+    }
+    assert_ne!(held[0].2, held[1].2, "two pods got the same partition");
+    let (instances, _, _) = prepared(&h.cluster.node);
+    assert_eq!(instances.len(), 2, "migdra prepared {instances:?}");
+    for (pod, job, _) in &held {
+        h.end(pod, job).await;
+    }
+    h.slurm.cancel(&native);
+    assert_eq!(prepared(&h.cluster.node), (vec![], vec![], vec![]), "the released MIG devices left something");
+    steps.say("both pods deleted: the bridge cancelled their jobs, migdra destroyed the instances");
+
+    // A prepare that fails: migdra reports Ready=False, the bridge cancels the job so Slurm frees
+    // the shard, and deletes the pod. (The fault stays until cleared: the kubelet's retries fail too.)
+    sim_fail(&h.cluster.node, "create-gi=insufficient-resources:1000");
+    ops.apply(MANAGED, &bridged_pod("doomed", "{nvidia.com/mig-1g.10gb: 1}", &[]));
+    let job = h.job_of("doomed").await;
+    h.job_ends(&job, "doomed's job cancelled after its failed prepare").await;
+    let gone = ops.kubectl(&["wait", "pod", "-n", MANAGED, "doomed", "--for=delete", "--timeout=60s"]);
+    let out = support::command::migdra()
+        .args(["sim", "fail", "--clear", "--sim-state"])
+        .arg(h.cluster.node.sim_state())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "migdra sim fail --clear: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(prepared(&h.cluster.node), (vec![], vec![], vec![]), "the failed prepare left something");
+    steps.say(&format!(
+        "failed prepare: job {job} cancelled (state {}), pod deleted ({})",
+        h.slurm.job_state(&job),
+        gone.trim()
+    ));
+
+    // A pod deleted before it was bound: its job, pending behind a native job holding both GPUs,
+    // is cancelled and the pod does not stay Terminating.
+    let both = h.slurm.submit("native-both", "gpu:2");
+    h.slurm.wait_for(|s| s.job_state(&both) == "RUNNING", "the native job on both GPUs RUNNING");
+    ops.apply(MANAGED, &bridged_pod("waiting", "{nvidia.com/mig-1g.10gb: 1}", &[]));
+    let job = h.job_of("waiting").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(h.slurm.job_state(&job), "PENDING", "the waiting pod's job is not pending");
+    ops.kubectl(&["delete", "pod", "-n", MANAGED, "waiting", "--wait=true", "--timeout=60s"]);
+    h.job_ends(&job, "the unbound pod's job cancelled").await;
+    h.slurm.cancel(&both);
+    steps.say(&format!("a pod deleted while its job {job} was pending: gone, and the job {}", h.slurm.job_state(&job)));
 }
