@@ -23,6 +23,9 @@
 
 use super::*;
 use support::bridge::{self, Bridge, Profile, Variant};
+
+#[path = "shared_node.rs"]
+mod shared_node;
 use support::slurm::{self, Slurm};
 
 /// The namespace the bridge manages (its webhook sets the bridge's scheduler on its pods).
@@ -450,4 +453,39 @@ async fn the_patched_slurm_bridge_gives_mig_pods_slurms_gpu() {
     h.job_ends(&job, "the unbound pod's job cancelled").await;
     h.slurm.cancel(&both);
     steps.say(&format!("a pod deleted while its job {job} was pending: gone, and the job {}", h.slurm.job_state(&job)));
+}
+
+/// §2 of issue 44: Slurm and Kubernetes share one MIG node through the patched bridge, with every
+/// component restarted once (`shared_node`); the unchanged bridge, same harness and seed, is the
+/// negative control. Figures: docs/bridge-contract.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::print_stdout)] // the run's report
+async fn slurm_and_kubernetes_share_a_mig_node_through_the_bridge() {
+    let _serial = SERIAL.lock().await;
+    let steps = Steps(Instant::now());
+    let n = shared_node::setting("MIGDRA_SHARED_STEPS", 8) as usize;
+    let seed = shared_node::setting("MIGDRA_SHARED_SEED", 1);
+    let Some(patched) = shared_node::run(&steps, Variant::Patched, n, seed, false).await else { return };
+    let Some(unchanged) = shared_node::run(&steps, Variant::Unchanged, n, seed, true).await else { return };
+    let median = |d: &[Duration]| {
+        let mut d = d.to_vec();
+        d.sort_unstable();
+        d.get(d.len() / 2).copied()
+    };
+    println!(
+        "shared node, seed {seed}: patched bridge {} pods, {} native jobs, {} checks, {} disagreements, restarts {:?}, \
+         pod to Running median {:?}; unchanged bridge, until its first disagreement: {} pods, {} checks, first: {:?}",
+        patched.pods,
+        patched.jobs,
+        patched.checks,
+        patched.disagreements.len(),
+        patched.restarts,
+        median(&patched.to_running),
+        unchanged.pods,
+        unchanged.checks,
+        unchanged.disagreements.first()
+    );
+    assert_eq!(patched.disagreements, Vec::<String>::new(), "the patched bridge and Slurm disagree");
+    assert!(patched.checks > n, "too few checks: {patched:?}");
+    assert!(!unchanged.disagreements.is_empty(), "the unchanged bridge shows no disagreement: the harness cannot fail");
 }

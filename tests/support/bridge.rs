@@ -181,12 +181,24 @@ impl Bridge {
 
     /// Stop the scheduler and start it again with `profile`.
     pub fn restart_scheduler(&mut self, profile: Profile) {
-        if let Some(i) = self.processes.iter().position(|(n, _)| *n == "scheduler") {
+        self.stop("scheduler");
+        self.start_scheduler(profile);
+    }
+
+    /// Stop the controllers and start them again.
+    pub fn restart_controllers(&mut self) {
+        self.stop("controllers");
+        let controllers = self.flags_of_controller_runtime();
+        self.spawn("controllers", &controllers, None);
+    }
+
+    /// SIGKILL one of the bridge's processes, as a crash.
+    fn stop(&mut self, name: &str) {
+        if let Some(i) = self.processes.iter().position(|(n, _)| *n == name) {
             let (_, mut old) = self.processes.remove(i);
             let _ = old.kill();
             let _ = old.wait();
         }
-        self.start_scheduler(profile);
     }
 
     /// A process's log, for a failure message.
