@@ -474,13 +474,16 @@ async fn slurm_and_kubernetes_share_a_mig_node_through_the_bridge() {
     };
     println!(
         "shared node, seed {seed}: patched bridge {} pods, {} native jobs, {} checks, {} disagreements, restarts {:?}, \
-         pod to Running median {:?}; unchanged bridge, until its first disagreement: {} pods, {} checks, first: {:?}",
+         pod to Running median {:?}; one pod alone, creation to Running (median of 3): through the bridge {:?}, \
+         through kube-scheduler {:?}; unchanged bridge, until its first disagreement: {} pods, {} checks, first: {:?}",
         patched.pods,
         patched.jobs,
         patched.checks,
         patched.disagreements.len(),
         patched.restarts,
         median(&patched.to_running),
+        median(&patched.via_bridge),
+        median(&patched.via_kube_scheduler),
         unchanged.pods,
         unchanged.checks,
         unchanged.disagreements.first()

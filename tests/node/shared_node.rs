@@ -29,7 +29,14 @@ pub(super) struct Report {
     /// Creation to Running and Ready of each bridge pod that ran (sampled every 100 ms).
     pub to_running: Vec<Duration>,
     pub restarts: Vec<&'static str>,
+    /// Creation to Running and Ready of one `nvidia.com/mig-1g.10gb` pod at a time on the idle
+    /// node, through the bridge and through kube-scheduler (the same pod in an unmanaged namespace).
+    pub via_bridge: Vec<Duration>,
+    pub via_kube_scheduler: Vec<Duration>,
 }
+
+/// A namespace the bridge does not manage: kube-scheduler places its pods.
+const DIRECT: &str = "direct";
 
 struct Pod {
     name: String,
@@ -125,6 +132,27 @@ pub(super) async fn run(
     report.checks += 1;
     if used.iter().any(|&u| u > 0) {
         report.disagreements.push(format!("end: Slurm still counts shards in use {used:?}"));
+    }
+    // The same pod through the bridge and through kube-scheduler, one at a time, alternating.
+    h.cluster.ops.kubectl(&["create", "namespace", DIRECT]);
+    for i in 0..if until_disagreement { 0 } else { 3 } {
+        let limits = "{nvidia.com/mig-1g.10gb: 1}";
+        let name = format!("timed-bridge-{i}");
+        let t = Instant::now();
+        h.cluster.ops.apply(MANAGED, &bridged_pod(&name, limits, &[]));
+        report.via_bridge.push(h.cluster.ops.wait_running(MANAGED, &name).await.max(t.elapsed()));
+        let job = h.job_of(&name).await;
+        h.end(&name, &job).await;
+        let name = format!("timed-direct-{i}");
+        // The bridge's controllers taint the node; kube-scheduler's pods tolerate it.
+        let pod = bridged_pod(&name, limits, &[]).replace(
+            "spec:\n",
+            "spec:\n  tolerations:\n  - key: slinky.slurm.net/managed-node\n    operator: Exists\n",
+        );
+        let t = Instant::now();
+        h.cluster.ops.apply(DIRECT, &pod);
+        report.via_kube_scheduler.push(h.cluster.ops.wait_running(DIRECT, &name).await.max(t.elapsed()));
+        h.cluster.ops.kubectl(&["delete", "pod", "-n", DIRECT, &name, "--wait=true", "--timeout=120s"]);
     }
     steps.say(&format!("{variant:?}: {report:?}"));
     Some(report)
