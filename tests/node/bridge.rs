@@ -455,7 +455,7 @@ async fn the_patched_slurm_bridge_gives_mig_pods_slurms_gpu() {
     steps.say(&format!("a pod deleted while its job {job} was pending: gone, and the job {}", h.slurm.job_state(&job)));
 }
 
-/// §2 of issue 44: Slurm and Kubernetes share one MIG node through the patched bridge, with every
+/// Slurm and Kubernetes share one MIG node through the patched bridge, with every
 /// component restarted once (`shared_node`); the unchanged bridge, same harness and seed, is the
 /// negative control. Figures: docs/bridge-contract.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

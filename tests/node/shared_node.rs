@@ -1,4 +1,4 @@
-//! Slurm and Kubernetes share one MIG node through slurm-bridge (issue 44 §2): a seeded mix of
+//! Slurm and Kubernetes share one MIG node through slurm-bridge: a seeded mix of
 //! bridge pods of several MIG profiles and native Slurm jobs (shards, whole GPUs) arriving and
 //! leaving, with the bridge's scheduler, its controllers, migdra and slurmctld each restarted once.
 //! At every quiet point the two schedulers' books are compared:
