@@ -97,7 +97,7 @@ async fn hybrid(
         .explain(|| bridge.log("controllers"))
         .until(|| {
             let taints = cluster.ops.kubectl(&["get", "node", NODE_NAME, "-o", "jsonpath={.spec.taints}"]);
-            if taints.contains("slinky.slurm.net/managed-node") { Ok(()) } else { Err(taints) }
+            if taints.contains(bridge::MANAGED_NODE_TAINT) { Ok(()) } else { Err(taints) }
         })
         .await;
     steps.say(&format!(

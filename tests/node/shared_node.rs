@@ -133,10 +133,19 @@ pub(super) async fn run(
     if used.iter().any(|&u| u > 0) {
         report.disagreements.push(format!("end: Slurm still counts shards in use {used:?}"));
     }
-    // The same pod through the bridge and through kube-scheduler, one at a time, alternating.
+    if !until_disagreement {
+        time_one_pod_each(&h, &mut report).await;
+    }
+    steps.say(&format!("{variant:?}: {report:?}"));
+    Some(report)
+}
+
+/// The same `nvidia.com/mig-1g.10gb` pod, creation to Running and Ready, through the bridge and
+/// through kube-scheduler (a namespace the bridge does not manage), one at a time, alternating.
+async fn time_one_pod_each(h: &Hybrid, report: &mut Report) {
+    let limits = "{nvidia.com/mig-1g.10gb: 1}";
     h.cluster.ops.kubectl(&["create", "namespace", DIRECT]);
-    for i in 0..if until_disagreement { 0 } else { 3 } {
-        let limits = "{nvidia.com/mig-1g.10gb: 1}";
+    for i in 0..3 {
         let name = format!("timed-bridge-{i}");
         let t = Instant::now();
         h.cluster.ops.apply(MANAGED, &bridged_pod(&name, limits, &[]));
@@ -145,17 +154,14 @@ pub(super) async fn run(
         h.end(&name, &job).await;
         let name = format!("timed-direct-{i}");
         // The bridge's controllers taint the node; kube-scheduler's pods tolerate it.
-        let pod = bridged_pod(&name, limits, &[]).replace(
-            "spec:\n",
-            "spec:\n  tolerations:\n  - key: slinky.slurm.net/managed-node\n    operator: Exists\n",
-        );
+        let toleration =
+            format!("spec:\n  tolerations:\n  - key: {}\n    operator: Exists\n", bridge::MANAGED_NODE_TAINT);
+        let pod = bridged_pod(&name, limits, &[]).replace("spec:\n", &toleration);
         let t = Instant::now();
         h.cluster.ops.apply(DIRECT, &pod);
         report.via_kube_scheduler.push(h.cluster.ops.wait_running(DIRECT, &name).await.max(t.elapsed()));
         h.cluster.ops.kubectl(&["delete", "pod", "-n", DIRECT, &name, "--wait=true", "--timeout=120s"]);
     }
-    steps.say(&format!("{variant:?}: {report:?}"));
-    Some(report)
 }
 
 /// Wait (up to `within`) until every live bridge pod runs or waits for its job, and every deleted

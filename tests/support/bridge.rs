@@ -41,6 +41,8 @@ pub const SLURM_NODE_LABEL: &str = "slinky.slurm.net/slurm-nodename";
 /// The pod annotations the bridge reads (`internal/wellknown/annotations.go`).
 pub const GRES_ANNOTATION: &str = "slurmjob.slinky.slurm.net/gres";
 pub const EXCLUSIVE_ANNOTATION: &str = "slurmjob.slinky.slurm.net/exclusive";
+/// The taint the bridge's controllers put on every node they bridge.
+pub const MANAGED_NODE_TAINT: &str = "slinky.slurm.net/managed-node";
 /// The pod label carrying the Slurm job of a pod the bridge placed.
 pub const JOB_LABEL: &str = "scheduler.slinky.slurm.net/slurm-jobid";
 /// The webhook's fixed port (controller-runtime's default, which the bridge keeps).
