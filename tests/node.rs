@@ -182,6 +182,44 @@ impl Ops {
         .collect()
     }
 
+    /// Waits until every migdra pod has been Ready for `steady` without a break.
+    async fn steady_ready(&self, steady: Duration) {
+        let mut since: Option<Instant> = None;
+        eventually(format!("migdra's pods Ready for {steady:?} in a row"))
+            .within(steady + Duration::from_secs(90))
+            .every(Duration::from_secs(1))
+            .explain(|| self.unhealthy())
+            .until(|| {
+                let (_, out) = self.try_kubectl(&[
+                    "get",
+                    "pods",
+                    "-n",
+                    CHART_NS,
+                    "-o",
+                    "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+                ]);
+                let ready = !out.trim().is_empty() && out.split_whitespace().all(|s| s == "True");
+                since = if ready { since.or_else(|| Some(Instant::now())) } else { None };
+                since.is_some_and(|t| t.elapsed() >= steady)
+            })
+            .await;
+    }
+
+    /// The probe failures recorded in migdra's namespace, one per line.
+    fn unhealthy(&self) -> String {
+        let (_, out) = self.try_kubectl(&[
+            "get",
+            "events",
+            "-n",
+            CHART_NS,
+            "--field-selector",
+            "reason=Unhealthy",
+            "-o",
+            "jsonpath={range .items[*]}{.lastTimestamp} {.involvedObject.name}: {.message}{\"\\n\"}{end}",
+        ]);
+        if out.trim().is_empty() { "none".into() } else { out }
+    }
+
     /// `kubectl rollout status` of migdra's DaemonSet, failing with what the pods said.
     fn rollout(&self) {
         let (ok, out) = self.try_kubectl(&["-n", CHART_NS, "rollout", "status", "daemonset/migdra", "--timeout=180s"]);
@@ -581,10 +619,12 @@ async fn the_chart_on_a_real_node() {
 
     // helm upgrade rolls the DaemonSet (maxSurge: the new pod registers beside the old one) while
     // the notebook runs, and a pod created during the roll is prepared by whichever answers. The
-    // restarts above leave the DaemonSet's pod unready for a moment; a roll that starts then
-    // deletes the old pod at once instead of after the new one is Ready (seen in CI: the old pod
-    // stopped at the new one's start, and a prepare sent to it was cancelled by the kubelet).
+    // DaemonSet controller deletes an old pod that is not Ready at once, without waiting for the
+    // new one, and the restarts above can leave the pod's probes failing for a moment after
+    // `rollout status` has passed (its exec probes run through containerd): so the roll starts
+    // only after the pod has been Ready for three probe periods in a row.
     ops.rollout();
+    ops.steady_ready(Duration::from_secs(15)).await;
     ops.upgrade(&["--set", "podAnnotations.rolled=once"]);
     ops.apply(USERS, &claim_pod("during-roll", "mig-1g-10gb"));
     ops.rollout();
@@ -632,7 +672,12 @@ async fn the_chart_on_a_real_node() {
         excerpt(&probe, "publishing ResourceSlices to")
     ));
 
-    assert_eq!(ops.failed_prepares(), Vec::<String>::new(), "no prepare failed before the reboot");
+    let failed = ops.failed_prepares();
+    assert!(
+        failed.is_empty(),
+        "no prepare failed before the reboot: {failed:?}\nmigdra's probe failures: {}",
+        ops.unhealthy()
+    );
 
     // A node reboot: every process gone, /run (CDI specs, containerd's state) gone, the simulated
     // GPUs rebooted (no instances, a new boot ID). The pods come back with their claims prepared
