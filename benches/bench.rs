@@ -88,7 +88,7 @@ fn opts() -> Opts {
     o
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let o = opts();
     let want = |n: u32| o.only.is_empty() || o.only.contains(&n);
     println!("migdra bench{} on {} CPUs", if o.quick { " (--quick)" } else { "" }, cpus());
@@ -116,8 +116,9 @@ fn main() {
     let missed = verdicts.iter().filter(|(_, ok)| !ok).count();
     if missed > 0 {
         eprintln!("{missed} of {} goals missed", verdicts.len());
-        std::process::exit(1);
+        return std::process::ExitCode::FAILURE;
     }
+    std::process::ExitCode::SUCCESS
 }
 
 fn cpus() -> usize {
@@ -419,7 +420,8 @@ async fn footprint(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
     let calls = rounds * 8 * 7 * 2;
     println!("  RSS idle: {:.1} MiB   target: <= 20 MiB", idle as f64 / MIB);
     println!(
-        "  storm: {calls} calls, 8 GPUs at once, in {} ({:.0} calls/s); RSS after {:.1} MiB, peak {:.1} MiB   target: <= 20 MiB",
+        "  storm: {calls} calls, 8 GPUs at once, in {} ({:.0} calls/s); RSS after {:.1} MiB, peak \
+         {:.1} MiB   target: <= 20 MiB",
         ms(storm),
         calls as f64 / storm.as_secs_f64(),
         after as f64 / MIB,
@@ -495,12 +497,14 @@ fn publication(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         let devices: usize = built.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
         let p50 = percentile(&times, 0.5);
         println!(
-            "  {layout:<8}: {} objects ({devices} devices), {bytes} bytes JSON (largest {largest}), build+encode p50 {}, {problems} API rule problems",
+            "  {layout:<8}: {} objects ({devices} devices), {bytes} bytes JSON (largest \
+             {largest}), build+encode p50 {}, {problems} API rule problems",
             built.len(),
             ms(p50)
         );
         println!(
-            "            targets: valid (0 problems); fewer objects than GPUs (NVIDIA: a slice per GPU); each object <= 1.5 MiB (etcd); build+encode <= 10 ms"
+            "            targets: valid (0 problems); fewer objects than GPUs (NVIDIA: a slice per \
+             GPU); each object <= 1.5 MiB (etcd); build+encode <= 10 ms"
         );
         let ok = problems == 0 && built.len() < 16 && (largest as f64) <= 1.5 * MIB && p50 <= Duration::from_millis(10);
         verdicts.push((
@@ -532,7 +536,8 @@ fn packing(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
     let seeds: Vec<u64> = (1..=o.seeds.unwrap_or(if o.quick { 2 } else { 5 })).collect();
     let w = Workload::reference(requests);
     println!(
-        "\n== 5. packing: 8 H100s, Poisson arrivals, load {} requests/GPU/mean lifetime, mix {}; {} requests x {} seeds",
+        "\n== 5. packing: 8 H100s, Poisson arrivals, load {} requests/GPU/mean lifetime, mix {}; \
+         {} requests x {} seeds",
         w.load,
         w.mix.iter().map(|(p, s)| format!("{:.0}% {p}", s * 100.0)).collect::<Vec<_>>().join(", "),
         requests,
@@ -572,7 +577,8 @@ fn packing(o: &Opts, verdicts: &mut Vec<(String, bool)>) {
         }
     }
     println!(
-        "  accept: all requests; large: 3g and up; frag: refused although one GPU could take it after repacking its own partitions; stranded: idle compute on partly used GPUs"
+        "  accept: all requests; large: 3g and up; frag: refused although one GPU could take it \
+         after repacking its own partitions; stranded: idle compute on partly used GPUs"
     );
     let get =
         |label: &str, p: Policy| results.iter().find(|((l, q), _)| *l == label && *q == p).map(|(_, s)| s.clone());
@@ -616,7 +622,8 @@ fn shards_vs_placements(
 ) {
     let pct = |x: f64| format!("{:.2}%", x * 100.0);
     println!(
-        "\n  -- where shards and placements disagree: each request a Slurm job --gres=shard:N (N = ceil(p x S / M)), its claim pinned to the GPU Slurm picks"
+        "\n  -- where shards and placements disagree: each request a Slurm job --gres=shard:N (N = \
+         ceil(p x S / M)), its claim pinned to the GPU Slurm picks"
     );
     println!(
         "  {:<14} {:<14} {:>8} {:>9} {:>10} {:>9} {:>9} | {:>13} {:>8} {:>9}",
@@ -676,6 +683,9 @@ fn shards_vs_placements(
         }
     }
     println!(
-        "  mismatch: Slurm's GPU had the shards, the pinned claim no device (% of shard requests); avoidable: another GPU had shards and a placement; unpubl.: a placement fit but the order hid it; no shard: Slurm found no GPU; cost: accept minus unpinned 1.34/1.35 (slurm-bridge's Kubernetes)"
+        "  mismatch: Slurm's GPU had the shards, the pinned claim no device (% of shard requests); \
+         avoidable: another GPU had shards and a placement; unpubl.: a placement fit but the order \
+         hid it; no shard: Slurm found no GPU; cost: accept minus unpinned 1.34/1.35 \
+         (slurm-bridge's Kubernetes)"
     );
 }

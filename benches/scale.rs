@@ -216,7 +216,8 @@ fn main() {
             for &layout in &o.layouts {
                 let f = runtime.block_on(run(&o, bin.clone(), n, layout));
                 println!(
-                    "  {} N={n} {}: {}/{} pods bound ({:.0} % full) in {:.1} s = {:.2} pods/s; scheduler CPU {:.1} ms/pod; \
+                    "  {} N={n} {}: {}/{} pods bound ({:.0} % full) in {:.1} s = {:.2} pods/s; \
+                     scheduler CPU {:.1} ms/pod; \
                      bound after p50 {} ms, p99 {} ms; {} KB of slices per node",
                     f.version,
                     layout.name(),
@@ -232,7 +233,8 @@ fn main() {
                 );
                 if let Some((writes, left)) = f.rewrites {
                     println!(
-                        "  {} N={n} {}: {writes} slice writes after the first publication = {:.2} per pod bound; {left} devices left out at the end",
+                        "  {} N={n} {}: {writes} slice writes after the first publication = {:.2} \
+                         per pod bound; {left} devices left out at the end",
                         f.version,
                         layout.name(),
                         writes as f64 / f.bound.max(1) as f64
@@ -310,7 +312,8 @@ fn goals(all: &[Figures]) {
 /// The table, and CPU per pod as a ratio to the whole-GPU run of the same version and N.
 fn summary(all: &[Figures]) {
     println!(
-        "\n| version | N | layout | pods bound | pods/s | scheduler CPU per pod | × whole GPU | p50 / p99 to bound | slices per node |"
+        "\n| version | N | layout | pods bound | pods/s | scheduler CPU per pod | × whole GPU | \
+         p50 / p99 to bound | slices per node |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for f in all {
@@ -632,7 +635,9 @@ fn pod(name: &str, template: &str) -> Value {
     json!({
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [{
+                "name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}
+            }],
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
         }
     })

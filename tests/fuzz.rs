@@ -1,7 +1,8 @@
 //! Hostile-input fuzz targets, as proptest properties so they run on stable Rust in CI: device
-//! names, checkpoint files, gres.conf and slurm.conf, the Slurm index map and host lists, CDI
-//! spec writing, the gRPC messages the kubelet sends, and the HTTP/2 re-framing of every socket. Each must never panic, and what it
-//! accepts must be sound (names round-trip, CDI files stay in their directory).
+//! names, checkpoint files, gres.conf and slurm.conf, the Slurm index map and host lists, CDI spec
+//! writing, the gRPC messages the kubelet sends, and the HTTP/2 re-framing of every socket. Each
+//! must never panic, and what it accepts must be sound (names round-trip, CDI files stay in their
+//! directory).
 //!
 //! `MIGDRA_FUZZ_CASES` sets the cases per round (default 256), `MIGDRA_FUZZ_SECONDS` runs rounds
 //! of fresh inputs for that long per target (default: one round); `hack/reliability.sh` sets both.

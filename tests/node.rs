@@ -431,7 +431,8 @@ async fn bring_up_with(steps: &Steps, setup: Setup<'_>) -> Cluster {
     let values = node.dir().join("values.yaml");
     let mut text = format!(
         "kubeletRootDir: {root}\nsimulation:\n  gpus: {gpus}\n  stateDir: {sim}\n{more_values}extraEnv:\n\
-         - name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n- name: KUBERNETES_SERVICE_PORT\n  value: \"{api_port}\"\n",
+         - name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n\
+         - name: KUBERNETES_SERVICE_PORT\n  value: \"{api_port}\"\n",
         root = node.root_dir().display(),
         sim = node.sim_dir().display(),
     );
@@ -507,7 +508,12 @@ async fn the_chart_on_a_real_node() {
     }
     let caps = ops.exec(USERS, "notebook", "ls /dev/nvidia-caps");
     assert_eq!(caps.split_whitespace().filter(|w| w.starts_with("nvidia-cap")).count(), 2, "two caps: {caps}");
-    let metadata = ops.exec(USERS, "notebook", "cat /var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/*/*/mig.slinky.slurm.net-metadata.json");
+    let metadata = ops.exec(
+        USERS,
+        "notebook",
+        "cat /var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/*/*/\
+         mig.slinky.slurm.net-metadata.json",
+    );
     for want in [mig_uuid.as_str(), "slurmGpuIndex", "slurmShards"] {
         assert!(metadata.contains(want), "{want} not in the notebook's metadata file: {metadata}");
     }
@@ -548,7 +554,13 @@ async fn the_chart_on_a_real_node() {
         })
         .await;
     assert!(why.contains("request mig: class mig-7g.80gb, 1 device; 1 matching device on 1 node"), "{why}");
-    assert!(why.contains(": full: 6 of 8 memory slices free, 8 needed; held by team-a/device-plugin-style (claim device-plugin-style-"), "{why}");
+    assert!(
+        why.contains(
+            ": full: 6 of 8 memory slices free, 8 needed; held by \
+             team-a/device-plugin-style (claim device-plugin-style-"
+        ),
+        "{why}"
+    );
     assert!(why.contains("team-a/notebook (claim notebook-gpu-"), "{why}");
     ops.kubectl(&["delete", "pod", "-n", USERS, "training", "--wait=true", "--timeout=90s"]);
     steps.say("kubectl migdra usage draws the three claims; why says who holds the H100 the training pod waits for");
@@ -641,7 +653,8 @@ async fn the_chart_on_a_real_node() {
     std::fs::write(
         &unreachable,
         format!(
-            "extraEnv:\n- name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n- name: KUBERNETES_SERVICE_PORT\n  value: \"1\"\n"
+            "extraEnv:\n- name: KUBERNETES_SERVICE_HOST\n  value: \"{POD_GATEWAY}\"\n\
+             - name: KUBERNETES_SERVICE_PORT\n  value: \"1\"\n"
         ),
     )
     .unwrap();
@@ -743,7 +756,8 @@ async fn the_chart_on_a_real_node() {
     ops.wait_running(USERS, "no-driver").await;
     ops.kubectl(&["delete", "pod", "-n", USERS, "no-driver", "--wait=true", "--timeout=90s"]);
     steps.say(&format!(
-        "missing /dev/nvidiactl: the prepare failed in one line on the pod ({}), nothing left; the retry ran once it was back",
+        "missing /dev/nvidiactl: the prepare failed in one line on the pod ({}), nothing left; the \
+         retry ran once it was back",
         excerpt(&why, "dev/nvidiactl")
     ));
 
@@ -943,7 +957,8 @@ async fn chaos_on_a_real_node() {
     }
     quiet_point(&ops, &node, &mut pods, &mut c, "the end").await;
     steps.say(&format!(
-        "chaos (seed {seed}): cycles {} pods {} checked {} kills {} rolls {} kubelet restarts {} faults {} | leaked {} double {} stuck {}",
+        "chaos (seed {seed}): cycles {} pods {} checked {} kills {} rolls {} kubelet restarts {} \
+         faults {} | leaked {} double {} stuck {}",
         c.cycles, c.created, c.checked, c.kills, c.rolls, c.kubelet_restarts, c.faults, c.leaked, c.double, c.stuck
     ));
     assert_eq!((c.leaked, c.double, c.stuck), (0, 0, 0), "{c:?}");

@@ -226,7 +226,9 @@ fn migdra_computes_the_index_slurmd_gives_each_gpu() {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": "notebook", "namespace": "team-a", "uid": uid},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig"}}]}},
-        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": driver, "pool": "node-a", "device": device}]}}}
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": driver, "pool": "node-a", "device": device}
+        ]}}}
     });
     std::fs::create_dir_all(dir.join("claims")).unwrap();
     std::fs::write(dir.join("claims").join(format!("{uid}.json")), claim.to_string()).unwrap();
@@ -558,7 +560,8 @@ fn count_only_gres_and_the_bridges_external_node() {
     let bare = "NodeName=k8s-bare CPUs=4 RealMemory=1000 State=External Gres=gpu:2";
     let err = cluster.rest_call("POST", "new/node/", Some(&json!({"node_conf": bare}))).unwrap_err();
     assert!(err.contains("Failure to create node"), "{err}");
-    let node_conf = "NodeName=k8s-only CPUs=4 RealMemory=1000 State=External Gres=gpu:2 GresConf=\"count=2,name=gpu,file=gpu-0,file=gpu-1\"";
+    let node_conf = "NodeName=k8s-only CPUs=4 RealMemory=1000 State=External Gres=gpu:2 \
+                     GresConf=\"count=2,name=gpu,file=gpu-0,file=gpu-1\"";
     cluster.rest_call("POST", "new/node/", Some(&json!({"node_conf": node_conf}))).unwrap();
     let shown = cluster.scontrol(&["show", "node", "k8s-only"]);
     assert!(shown.contains("EXTERNAL") && shown.contains("Gres=gpu:2"), "{shown}");

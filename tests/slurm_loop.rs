@@ -106,7 +106,9 @@ impl Loop {
                 "terminationGracePeriodSeconds": 0,
                 "automountServiceAccountToken": false,
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}]
+                "containers": [{
+                    "name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}
+                }]
             }
         }))
         .unwrap();
@@ -181,7 +183,8 @@ impl Loop {
             String::new()
         };
         println!(
-            "{step}: claim {name} -> {device}, {mig_uuid}; Slurm job {job} IDX:{idx}{rest} | migdra slurmGpuIndex {} ({} shard(s))",
+            "{step}: claim {name} -> {device}, {mig_uuid}; Slurm job {job} IDX:{idx}{rest} | \
+             migdra slurmGpuIndex {} ({} shard(s))",
             data["slurmGpuIndex"], data["slurmShards"]
         );
         assert_eq!(u64::from(idx), data["slurmGpuIndex"].as_u64().unwrap(), "Slurm and migdra disagree on the GPU");
@@ -277,7 +280,8 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(lp.slurm.job_state(&n2), "PENDING", "native-2 must wait: GPU {k} serves shards, the other is taken");
     println!(
-        "step 4: native job {n1} (gpu:1) runs on IDX:{n1_idx}; native job {n2} (gpu:1) waits while IDX:{k} serves shards"
+        "step 4: native job {n1} (gpu:1) runs on IDX:{n1_idx}; native job {n2} (gpu:1) waits while \
+         IDX:{k} serves shards"
     );
     // A pending whole-GPU job holds a backfill reservation on GPU k (its jobs have no time limit),
     // so every later shard job would queue behind it, the bridge's too: Slurm's FIFO, not a
@@ -344,7 +348,8 @@ async fn kubernetes_and_slurm_agree_on_every_slice_of_the_loop() {
     let n2_idx = lp.slurm.running_index(&n2);
     assert_eq!(n2_idx, k, "native-2 takes the GPU the shards freed");
     println!(
-        "step 6: pods ended, instances destroyed, Slurm jobs {a} and {d} released; native job {n2} now runs on IDX:{n2_idx}"
+        "step 6: pods ended, instances destroyed, Slurm jobs {a} and {d} released; native job {n2} \
+         now runs on IDX:{n2_idx}"
     );
 
     // 7f. slurmctld restarts (SIGTERM, as systemctl does) while both native jobs run. Debian's

@@ -364,12 +364,14 @@ mod tests {
         assert_eq!(m[0].host_path, tmp.path().join("dra-device-metadata/team-a_nb-gpu-x7k2p/main/metadata.json"));
         assert_eq!(
             m[0].container_path,
-            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/nb-gpu-x7k2p/main/mig.slinky.slurm.net-metadata.json"
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/nb-gpu-x7k2p/main/\
+             mig.slinky.slurm.net-metadata.json"
         );
         let t = md.mounts(&claim(Some("gpu")), &[request("main")]).unwrap();
         assert_eq!(
             t[0].container_path,
-            "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/main/mig.slinky.slurm.net-metadata.json"
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/main/\
+             mig.slinky.slurm.net-metadata.json"
         );
     }
 

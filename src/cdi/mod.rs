@@ -35,7 +35,8 @@ pub enum CdiError {
     BadClaimUid { uid: String },
     /// A driver name that is not a valid CDI vendor name.
     #[error(
-        "invalid driver name {driver:?} for a CDI kind: expected a letter first, then letters, digits, '_', '-' or '.', ending in a letter or digit"
+        "invalid driver name {driver:?} for a CDI kind: expected a letter first, then letters, \
+         digits, '_', '-' or '.', ending in a letter or digit"
     )]
     BadDriver { driver: String },
     /// A device that the spec cannot hold.
@@ -242,10 +243,9 @@ impl CdiDevice {
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(CdiError::BadDevice { name: self.name.clone(), reason });
         if !is_valid_device_name(&self.name) {
-            return bad(
-                "a CDI device name is letters, digits, '_', '-', '.' and ':', starting and ending with a letter or digit"
-                    .into(),
-            );
+            return bad("a CDI device name is letters, digits, '_', '-', '.' and ':', starting and ending \
+                        with a letter or digit"
+                .into());
         }
         for (k, v) in &self.env {
             let key_ok = !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');

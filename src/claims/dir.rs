@@ -157,7 +157,8 @@ mod tests {
 
     fn unallocated(uid: &str, name: &str) -> String {
         format!(
-            r#"{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{{"uid":"{uid}","namespace":"ml","name":"{name}"}},"spec":{{}}}}"#
+            r#"{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim",
+                "metadata":{{"uid":"{uid}","namespace":"ml","name":"{name}"}},"spec":{{}}}}"#
         )
     }
 

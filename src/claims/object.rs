@@ -155,8 +155,10 @@ mod tests {
     #[test]
     fn a_minimal_claim_parses() {
         let (found, errors) = json(
-            r#"{"apiVersion":"resource.k8s.io/v1beta1","kind":"ResourceClaim","metadata":{"uid":"u","namespace":"n","name":"c"},
-                "status":{"allocation":{"devices":{"results":[{"request":"r","driver":"d","pool":"p","device":"x","adminAccess":null}]}}}}"#,
+            r#"{"apiVersion":"resource.k8s.io/v1beta1","kind":"ResourceClaim",
+                "metadata":{"uid":"u","namespace":"n","name":"c"},
+                "status":{"allocation":{"devices":{"results":[
+                    {"request":"r","driver":"d","pool":"p","device":"x","adminAccess":null}]}}}}"#,
         );
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(found[0].claim, ClaimRef::new("u", "n", "c"));
@@ -167,11 +169,13 @@ mod tests {
     #[test]
     fn an_allocation_without_devices_has_no_results() {
         let (found, _) = json(
-            r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"uid":"u"},"status":{"allocation":{}}}"#,
+            r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"uid":"u"},
+                "status":{"allocation":{}}}"#,
         );
         assert_eq!(found[0].results, Some(vec![]));
         let (found, _) = json(
-            r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"uid":"u"},"status":{"allocation":null}}"#,
+            r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"uid":"u"},
+                "status":{"allocation":null}}"#,
         );
         assert_eq!(found[0].results, None);
     }
@@ -192,7 +196,8 @@ mod tests {
             r#"{"apiVersion":"v1","kind":"List","items":[
                 {"apiVersion":"v1","kind":"Pod","metadata":{"uid":"p"},"status":{"phase":"Running"}},
                 {"apiVersion":"v1","kind":"Status","status":"Failure"},
-                {"apiVersion":"resource.k8s.io/v1alpha3","kind":"ResourceClaim","metadata":{"uid":"old","namespace":"n","name":"c"}},
+                {"apiVersion":"resource.k8s.io/v1alpha3","kind":"ResourceClaim",
+                 "metadata":{"uid":"old","namespace":"n","name":"c"}},
                 {"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"name":"no-uid"}}
             ]}"#,
         );

@@ -43,7 +43,9 @@ fn open_with_events(global: &Global, events: bool) -> Result<Box<dyn GpuBackend>
 pub fn open_nvml(global: &Global, events: bool) -> Result<NvmlBackend, CliError> {
     if simulated(global) {
         return Err(CliError::Usage(
-            "this reads NVML, not the simulator: drop --sim/--sim-state (and MIGDRA_SIM*) and pass --nvml-lib or --driver-root if the library is not on the loader path".into(),
+            "this reads NVML, not the simulator: drop --sim/--sim-state (and MIGDRA_SIM*) and pass \
+             --nvml-lib or --driver-root if the library is not on the loader path"
+                .into(),
         ));
     }
     let opts = NvmlOptions {

@@ -76,7 +76,11 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
                 Format::Json | Format::Yaml => {
                     let view: Vec<_> = prepared
                         .iter()
-                        .map(|p| serde_json::json!({"device": p.device, "requests": p.requests, "cdiIDs": p.cdi_ids, "data": p.status}))
+                        .map(|p| {
+                            serde_json::json!({
+                                "device": p.device, "requests": p.requests, "cdiIDs": p.cdi_ids, "data": p.status
+                            })
+                        })
                         .collect();
                     output::data(out, global.output, &view)?;
                 }

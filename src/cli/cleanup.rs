@@ -1,8 +1,8 @@
 //! `migdra cleanup`: MIG instances no claim explains (dynamic GPUs only), CDI specs and device
-//! metadata without a claim,
-//! prepared claims whose spec is missing or changed, and prepared claims whose instance is gone. `--dry-run` prints what it would do and changes
-//! nothing; without it the same list is done, each change re-checked under the daemon's own lock,
-//! so it is safe next to a running `migdra serve`. Exit 1 when any change failed.
+//! metadata without a claim, prepared claims whose spec is missing or changed, and prepared claims
+//! whose instance is gone. `--dry-run` prints what it would do and changes nothing; without it the
+//! same list is done, each change re-checked under the daemon's own lock, so it is safe next to a
+//! running `migdra serve`. Exit 1 when any change failed.
 
 use super::{CliError, CliResult, Format, Global, backend, output};
 use crate::prepare::CleanupReport;
@@ -24,7 +24,9 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
     }
     if report.failed() {
         return Err(CliError::Failed(
-            "cleanup: some changes failed (see ACTION); fix the cause, e.g. stop the workload holding the instance, and run it again".into(),
+            "cleanup: some changes failed (see ACTION); fix the cause, e.g. stop the workload \
+             holding the instance, and run it again"
+                .into(),
         ));
     }
     Ok(())

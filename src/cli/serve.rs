@@ -100,7 +100,8 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         && !crate::metrics::is_local(&addr)
     {
         return Err(CliError::Usage(format!(
-            "--metrics-addr {addr} is not a loopback address; use 127.0.0.1:PORT, or add --metrics-allow-remote to serve metrics to the network"
+            "--metrics-addr {addr} is not a loopback address; use 127.0.0.1:PORT, or add \
+             --metrics-allow-remote to serve metrics to the network"
         )));
     }
     if args.resync < Duration::from_secs(1) {
@@ -118,7 +119,17 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     let engine = Arc::new(backend::engine(global)?);
     for g in engine.gpus() {
         let slurm_index = g.slurm.index.map_or_else(|| "none".to_string(), |i| i.to_string());
-        tracing::info!(index = g.info.index, minor = g.info.minor, uuid = %g.info.uuid, model = %g.model.key, mode = g.mode.as_str(), slurm_index, slurm_source = %g.slurm.source, slurm_shards = g.slurm.shards, "GPU");
+        tracing::info!(
+            index = g.info.index,
+            minor = g.info.minor,
+            uuid = %g.info.uuid,
+            model = %g.model.key,
+            mode = g.mode.as_str(),
+            slurm_index,
+            slurm_source = %g.slurm.source,
+            slurm_shards = g.slurm.shards,
+            "GPU"
+        );
     }
     let slurm = engine.slurm();
     tracing::info!(source = %slurm.source, rule = %slurm.rule, "Slurm GPU index");
@@ -131,7 +142,12 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     }
     let report = engine.recover().map_err(|e| CliError::Failed(e.to_string()))?;
     if let Some((moved, reason)) = &report.corrupt {
-        tracing::error!(moved_to = %moved.display(), %reason, rebuilt = report.rebuilt_claims.len(), "CHECKPOINT WAS CORRUPT: moved aside and rebuilt from CDI specs and the hardware");
+        tracing::error!(
+            moved_to = %moved.display(),
+            %reason,
+            rebuilt = report.rebuilt_claims.len(),
+            "CHECKPOINT WAS CORRUPT: moved aside and rebuilt from CDI specs and the hardware"
+        );
     }
     if report.boot_changed {
         tracing::warn!(
@@ -140,7 +156,14 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         );
     }
     for o in &report.orphans {
-        tracing::warn!(gpu = %o.gpu, gi = o.gi_id, profile = o.profile_id, start = o.start, action = ?o.action, "MIG instance no claim explains");
+        tracing::warn!(
+            gpu = %o.gpu,
+            gi = o.gi_id,
+            profile = o.profile_id,
+            start = o.start,
+            action = ?o.action,
+            "MIG instance no claim explains"
+        );
     }
     tracing::info!(checkpoint = report.checkpoint, "recovery done");
 
@@ -160,7 +183,8 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
     let paths = SocketPaths::new(&plugin_dir, &registry_dir, &global.node.driver_name, args.pod_uid.as_deref());
     if let Some(long) = paths.too_long() {
         return Err(CliError::Usage(format!(
-            "socket path {} is {} bytes, over Linux's {} for a Unix socket: give a shorter --plugin-dir or --registry-dir (the kubelet's --root-dir)",
+            "socket path {} is {} bytes, over Linux's {} for a Unix socket: give a shorter \
+             --plugin-dir or --registry-dir (the kubelet's --root-dir)",
             long.display(),
             long.as_os_str().len(),
             crate::kubelet::MAX_SOCKET_PATH
@@ -362,7 +386,8 @@ async fn sweep_stale_claims(engine: Arc<crate::prepare::Engine>, claims: Arc<dyn
             Err(e) => {
                 crate::metrics::METRICS.error("unprepare", &e.reason());
                 tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(), error = %e,
-                    "claim left mid-prepare is no longer allocated to this node; rolling it back failed, the next check retries");
+                    "claim left mid-prepare is no longer allocated to this node; rolling it back \
+                     failed, the next check retries");
             }
         }
     }
@@ -395,7 +420,8 @@ pub(super) async fn kube_client(
         }
         None => kube::Config::infer().await.map_err(|e| {
             CliError::Usage(format!(
-                "no API server: {e}; run in a pod, pass --kubeconfig FILE, or --claims-dir DIR to run without Kubernetes"
+                "no API server: {e}; run in a pod, pass --kubeconfig FILE, or --claims-dir DIR to \
+                 run without Kubernetes"
             ))
         })?,
     };
@@ -422,6 +448,8 @@ async fn shutdown_signal() {
             _ = int.recv() => {},
         }
         tracing::warn!("second signal: exiting without waiting");
+        // The operator asked twice: not waiting for in-flight calls is the point.
+        #[allow(clippy::disallowed_methods)]
         std::process::exit(1);
     });
 }

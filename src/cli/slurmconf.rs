@@ -110,7 +110,8 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
         if g.slurm_gpu_index.is_some() && (i, s) != (g.slurm_gpu_index, g.slurm_shards.unwrap_or(s)) {
             let i = i.map_or_else(|| "none".to_string(), |i| i.to_string());
             config.notes.push(format!(
-                "migdra now gives GPU {} Slurm index {i} and {s} shards (from {}); install these lines, restart slurmd, then migdra",
+                "migdra now gives GPU {} Slurm index {i} and {s} shards (from {}); install these \
+                 lines, restart slurmd, then migdra",
                 g.uuid, now.slurm.source
             ));
         }

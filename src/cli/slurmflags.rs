@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SlurmFlags {
-    /// GPU → Slurm index map, one `GPU-UUID-or-PCI-bus-ID: index` per line (a mounted ConfigMap); wins over Slurm's files
+    /// GPU → Slurm index map, one `GPU-UUID-or-PCI-bus-ID: index` per line (a mounted ConfigMap);
+    /// wins over Slurm's files
     #[arg(long, global = true, env = "MIGDRA_SLURM_INDEX_MAP", value_name = "FILE")]
     pub slurm_index_map: Option<PathBuf>,
     /// slurm.conf of the cluster this node belongs to

@@ -30,7 +30,8 @@ pub enum Verdict {
     Match,
     /// Evaluates to false.
     NoMatch,
-    /// A CEL runtime error on this device (e.g. `no such key: slurmGpuIndex`), which makes the scheduler abort the claim's allocation.
+    /// A CEL runtime error on this device (e.g. `no such key: slurmGpuIndex`), which makes the
+    /// scheduler abort the claim's allocation.
     Error(String),
     /// Outside the subset this module evaluates: the reason names the construct. Never a guess.
     Unknown(String),
@@ -45,7 +46,8 @@ pub struct DeviceInput<'a> {
 }
 
 impl Selector {
-    /// Never fails: an expression outside the subset parses to a selector whose every verdict is `Unknown` naming what is unsupported.
+    /// Never fails: an expression outside the subset parses to a selector whose every verdict is
+    /// `Unknown` naming what is unsupported.
     pub fn parse(expression: &str) -> Self {
         let ast = tokenize(expression)
             .and_then(|toks| Parser { toks, pos: 0, len: expression.len() }.all())
@@ -64,7 +66,9 @@ impl Selector {
         }
     }
 
-    /// The selector without its top-level `&&` conjuncts that read attribute `name` (in any domain); `None` when nothing would be left (every conjunct reads it) or when the selector is unsupported. Used to ask "where would it fit without the Slurm pin (`slurmGpuIndex`)".
+    /// The selector without its top-level `&&` conjuncts that read attribute `name` (in any
+    /// domain); `None` when nothing would be left (every conjunct reads it) or when the selector is
+    /// unsupported. Used to ask "where would it fit without the Slurm pin (`slurmGpuIndex`)".
     pub fn without_attribute(&self, name: &str) -> Option<Selector> {
         let ast = self.ast.as_ref().ok()?;
         let Expr::And(parts) = ast else { return (!ast.reads(name)).then(|| self.clone()) };
@@ -73,7 +77,10 @@ impl Selector {
         (!kept.is_empty()).then(|| Selector::parse(&kept.join(" && ")))
     }
 
-    /// The literal a top-level `&&` conjunct of the form `device.attributes[D].name == <literal>` (either operand order) compares attribute `name` with, as text (strings without quotes, ints in decimal); e.g. `pinned("profile") == Some("3g.40gb")`, `pinned("slurmGpuIndex") == Some("3")`.
+    /// The literal a top-level `&&` conjunct of the form `device.attributes[D].name == <literal>`
+    /// (either operand order) compares attribute `name` with, as text (strings without quotes, ints
+    /// in decimal); e.g. `pinned("profile") == Some("3g.40gb")`,
+    /// `pinned("slurmGpuIndex") == Some("3")`.
     pub fn pinned(&self, name: &str) -> Option<String> {
         let parts = match self.ast.as_ref().ok()? {
             Expr::And(parts) => parts.iter().map(|(e, _)| e).collect(),
@@ -666,7 +673,11 @@ mod tests {
     #[test]
     fn selectors_in_use() {
         let (m3, m1) = (mig("3g.40gb", 1, "40192Mi"), mig("1g.10gb+me", 3, "9856Mi"));
-        let profile = r#"device.driver == "mig.slinky.slurm.net" && device.attributes["mig.slinky.slurm.net"].type == "mig" && device.attributes["mig.slinky.slurm.net"].profile == "1g.10gb+me""#;
+        let profile = concat!(
+            r#"device.driver == "mig.slinky.slurm.net" && "#,
+            r#"device.attributes["mig.slinky.slurm.net"].type == "mig" && "#,
+            r#"device.attributes["mig.slinky.slurm.net"].profile == "1g.10gb+me""#
+        );
         assert_eq!((m1.eval(profile), m3.eval(profile)), (Match, NoMatch));
         let pin = r#"device.attributes["mig.slinky.slurm.net"].slurmGpuIndex == 3"#;
         assert_eq!((m1.eval(pin), m3.eval(pin)), (Match, NoMatch));

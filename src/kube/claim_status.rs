@@ -154,7 +154,11 @@ impl StatusReporter {
         match self.runtime.block_on(quick.write(claim, outcome)) {
             Ok(()) => {}
             Err(e) => {
-                tracing::warn!(claim = %claim.uid, error = %e, "claim status not written yet; retrying in the background");
+                tracing::warn!(
+                    claim = %claim.uid,
+                    error = %e,
+                    "claim status not written yet; retrying in the background"
+                );
                 let (writer, claim, outcome) = (self.writer.clone(), claim.clone(), owned());
                 self.runtime.spawn(async move {
                     if let Err(e) = writer.write(&claim, outcome.borrow()).await {

@@ -63,7 +63,8 @@ pub struct Class {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ClassError {
     #[error(
-        "DeviceClass name {name:?} (for {what}) is not a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253 characters"
+        "DeviceClass name {name:?} (for {what}) is not a DNS subdomain: lower-case letters, \
+         digits, '-' and '.', at most 253 characters"
     )]
     ClassName { name: String, what: String },
     #[error("extended resource name {name:?} (for {what}) is not valid: {problem}")]
@@ -224,7 +225,11 @@ mod tests {
         );
         assert_eq!(
             cs[3].selector,
-            r#"device.driver == "mig.slinky.slurm.net" && device.attributes["mig.slinky.slurm.net"].type == "mig" && device.attributes["mig.slinky.slurm.net"].profile == "1g.10gb+me""#
+            concat!(
+                r#"device.driver == "mig.slinky.slurm.net" && "#,
+                r#"device.attributes["mig.slinky.slurm.net"].type == "mig" && "#,
+                r#"device.attributes["mig.slinky.slurm.net"].profile == "1g.10gb+me""#
+            )
         );
         let dc = device_class(&cs[2]);
         let spec = dc.spec.expect("a spec");

@@ -151,7 +151,8 @@ mod tests {
         assert_eq!(
             why,
             format!(
-                "not publishing ResourceSlices (since {T1}): publishing ResourceSlices to https://10.96.0.1:443 failed: x"
+                "not publishing ResourceSlices (since {T1}): publishing ResourceSlices to \
+                 https://10.96.0.1:443 failed: x"
             )
         );
         assert!(failed.after(T2, None).ready().unwrap().contains(T2));

@@ -10,6 +10,9 @@
 //!
 //! The same re-framing, on the write half, lets the test kubelet send exactly what the kubelet
 //! sends ([`Reframed::sending_authority`]).
+//!
+//! This module goes when h2 accepts an authority on Unix sockets: hyperium/h2#487 ("Do not
+//! require authority for UNIX domain sockets", still open) is the upstream thread to watch.
 
 use std::io;
 use std::pin::Pin;

@@ -18,7 +18,12 @@ macro_rules! dra_service {
                 &self,
                 request: Request<$v::NodePrepareResourcesRequest>,
             ) -> Result<Response<$v::NodePrepareResourcesResponse>, Status> {
-                let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name }).collect();
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name })
+                    .collect();
                 let results = self.0.prepare(claims).await?;
                 let claims = results
                     .into_iter()
@@ -49,7 +54,12 @@ macro_rules! dra_service {
                 &self,
                 request: Request<$v::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<$v::NodeUnprepareResourcesResponse>, Status> {
-                let claims = request.into_inner().claims.into_iter().map(|c| ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name }).collect();
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name })
+                    .collect();
                 let results = self.0.unprepare(claims).await?;
                 let claims = results
                     .into_iter()

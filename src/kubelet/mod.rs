@@ -45,7 +45,7 @@ pub enum KubeletError {
 pub struct PluginConfig {
     pub driver: String,
     pub paths: SocketPaths,
-    /// Serve `v1alpha1.DRAResourceHealth` and advertise it.
+    /// Serve `DRAResourceHealth` (v1 and v1alpha1) and advertise both.
     pub health: bool,
     /// How often device health is re-read.
     pub health_interval: Duration,
@@ -163,7 +163,11 @@ pub async fn serve(
             let _ = drain.wait_for(|stopped| *stopped).await;
         });
     let mut dra_task = tokio::spawn(dra_server);
-    tracing::info!(socket = %dra_path.display(), "serving DRA v1, v1beta1{}", if config.health { " and health v1, v1alpha1" } else { "" });
+    tracing::info!(
+        socket = %dra_path.display(),
+        "serving DRA v1, v1beta1{}",
+        if config.health { " and health v1, v1alpha1" } else { "" }
+    );
 
     let mut registration = tokio::spawn(registration_loop(config.clone(), state.clone(), registration_stopped));
 

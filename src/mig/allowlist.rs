@@ -17,7 +17,8 @@ pub enum AllowlistError {
     #[error("--profiles: {name:?} is not a MIG profile of any known GPU; known: {known}")]
     Unknown { name: String, known: String },
     #[error(
-        "--profiles: GPU {index} ({model}) has none of {listed}, so it would publish no partition; its profiles: {valid}"
+        "--profiles: GPU {index} ({model}) has none of {listed}, so it would publish no partition; \
+         its profiles: {valid}"
     )]
     NoneOnGpu { index: u32, model: String, listed: String, valid: String },
 }

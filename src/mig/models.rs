@@ -57,7 +57,9 @@ fn h100_80gb() -> GpuModel {
             gi("7g.80gb", 4, 0, 7, 8, 1, 81152, 132, [8, 7, 0, 7, 1], &[0]),
         ],
         evidence: Evidence::Inferred,
-        note: "profile memory is the newer drivers' (9.62/19.50/39.25 GiB); whole-GPU memory 81559 MiB and 132 SMs are not in the facts".into(),
+        note: "profile memory is the newer drivers' (9.62/19.50/39.25 GiB); whole-GPU memory \
+               81559 MiB and 132 SMs are not in the facts"
+            .into(),
     }
 }
 

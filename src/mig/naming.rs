@@ -28,7 +28,9 @@ pub enum DeviceName {
 /// Why a string is not a migdra device name.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error(
-    "invalid device name {name:?}: {reason}; expected [NNNN-]gpu-<minor> or [NNNN-]gpu-<minor>-mig-<profile>-<profileId>-<start> (NNNN: a {SLURM_INDEX_DIGITS}-digit Slurm index), e.g. gpu-0-mig-3g40gb-9-4 or 0003-gpu-1"
+    "invalid device name {name:?}: {reason}; expected [NNNN-]gpu-<minor> or \
+     [NNNN-]gpu-<minor>-mig-<profile>-<profileId>-<start> (NNNN: a {SLURM_INDEX_DIGITS}-digit \
+     Slurm index), e.g. gpu-0-mig-3g40gb-9-4 or 0003-gpu-1"
 )]
 pub struct NameError {
     pub name: String,
@@ -373,7 +375,12 @@ mod tests {
         }
 
         #[test]
-        fn prefixed_names_round_trip(index in 0u32..=MAX_SLURM_INDEX, minor in 0u32..100_000, id in 0u32..1000, start in 0u32..64) {
+        fn prefixed_names_round_trip(
+            index in 0u32..=MAX_SLURM_INDEX,
+            minor in 0u32..100_000,
+            id in 0u32..1000,
+            start in 0u32..64,
+        ) {
             for device in [DeviceName::Gpu { minor }, DeviceName::mig(minor, "3g.40gb", id, start)] {
                 let name = PublishedName::new(NameStyle::Slurm, device.clone(), Some(index));
                 let text = name.to_string();
@@ -384,7 +391,12 @@ mod tests {
         }
 
         #[test]
-        fn generated_names_round_trip(minor in 0u32..100_000, slug in "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", id in 0u32..1000, start in 0u32..64) {
+        fn generated_names_round_trip(
+            minor in 0u32..100_000,
+            slug in "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?",
+            id in 0u32..1000,
+            start in 0u32..64,
+        ) {
             let name = DeviceName::Mig { parent_minor: minor, profile_slug: slug, profile_id: id, start };
             proptest::prop_assert_eq!(DeviceName::parse(&name.to_string()), Ok(name));
         }

@@ -34,7 +34,8 @@ use std::collections::BTreeMap;
 #[derive(Debug, thiserror::Error)]
 pub enum CleanupError {
     #[error(
-        "the node rebooted since the checkpoint was written; start migdra serve (its recovery re-creates the claims), then run cleanup"
+        "the node rebooted since the checkpoint was written; start migdra serve (its recovery \
+         re-creates the claims), then run cleanup"
     )]
     Rebooted,
     #[error("failed to read the checkpoint: {0}")]

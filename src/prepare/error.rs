@@ -15,7 +15,8 @@ pub enum PrepareError {
     #[error("claim {claim}: device {device} is already prepared for claim {other}")]
     DeviceInUse { claim: Box<ClaimRef>, device: String, other: Box<ClaimRef> },
     #[error(
-        "claim {claim}: device {device} overlaps {held}, prepared for claim {other}; the scheduler allocated both, so the node's slices or the allocation are stale"
+        "claim {claim}: device {device} overlaps {held}, prepared for claim {other}; the scheduler \
+         allocated both, so the node's slices or the allocation are stale"
     )]
     Overlaps { claim: Box<ClaimRef>, device: String, held: String, other: Box<ClaimRef> },
     #[error("claim {claim}: its allocation changed from [{was}] to [{now}] under the same UID; unprepare it first")]

@@ -55,7 +55,8 @@ pub fn is_admin(claim: &ClaimRef, results: &[AllocationResult], driver: &str) ->
             claim,
             &plain.device,
             format!(
-                "request {:?} is not for admin access but others of the claim are; put admin-access requests in a claim of their own",
+                "request {:?} is not for admin access but others of the claim are; put \
+                 admin-access requests in a claim of their own",
                 plain.request
             ),
         )),
@@ -176,7 +177,8 @@ fn resolve<'a>(
                 GpuMode::Full => return Err(bad(format!("GPU {} has MIG disabled", gpu.info.minor))),
                 GpuMode::Dynamic if published.slurm_index.is_some() => {
                     return Err(bad(format!(
-                        "GPU {} is a dynamic-MIG GPU, whose partitions are never published with a Slurm index in front; the ResourceSlice it was allocated from is stale",
+                        "GPU {} is a dynamic-MIG GPU, whose partitions are never published with a \
+                         Slurm index in front; the ResourceSlice it was allocated from is stale",
                         gpu.info.minor
                     )));
                 }
@@ -212,10 +214,13 @@ pub fn check_prefix(prefix: Option<u32>, actual: Option<u32>, what: &str) -> Res
     match actual {
         Some(actual) if actual == prefix => Ok(()),
         Some(actual) => Err(format!(
-            "its name carries Slurm index {prefix}, but {what} has Slurm index {actual}; the ResourceSlice it was allocated from is stale, so slurm-bridge may have accounted it to another device: delete and recreate the claim"
+            "its name carries Slurm index {prefix}, but {what} has Slurm index {actual}; the \
+             ResourceSlice it was allocated from is stale, so slurm-bridge may have accounted it \
+             to another device: delete and recreate the claim"
         )),
         None => Err(format!(
-            "its name carries Slurm index {prefix}, but Slurm lists no index for {what}; the ResourceSlice it was allocated from is stale: delete and recreate the claim"
+            "its name carries Slurm index {prefix}, but Slurm lists no index for {what}; the \
+             ResourceSlice it was allocated from is stale: delete and recreate the claim"
         )),
     }
 }

@@ -74,7 +74,8 @@ impl Engine {
             // them. Holding the claim would only make the kubelet retry for ever.
             Err(e) if e.code() == Some(NvmlCode::GpuIsLost) => {
                 tracing::warn!(claim = %claim, device = dev, gpu = uuid, gi = ?m.gi_id,
-                    "GPU is lost: the claim's instance could not be destroyed and goes with the GPU's reset; unprepare completes: {e}");
+                    "GPU is lost: the claim's instance could not be destroyed and goes with the \
+                     GPU's reset; unprepare completes: {e}");
                 return Ok(());
             }
             r => nvml(claim, dev, "list GPU instances", || r)?,

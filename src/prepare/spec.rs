@@ -49,7 +49,12 @@ impl Engine {
         let claim = rec.claim();
         let metadata = self.ensure_metadata(rec)?;
         if metadata != cdi::SpecState::Intact {
-            tracing::warn!(claim = %claim, metadata = metadata.as_str(), "the claim's device metadata was {} on disk; wrote it again", metadata.as_str());
+            tracing::warn!(
+                claim = %claim,
+                metadata = metadata.as_str(),
+                "the claim's device metadata was {} on disk; wrote it again",
+                metadata.as_str()
+            );
         }
         let devices = self.claim_spec(rec)?;
         let (_, state) = self
@@ -57,7 +62,12 @@ impl Engine {
             .ensure(&rec.uid, &devices)
             .map_err(|source| PrepareError::Cdi { claim: Box::new(claim.clone()), source })?;
         if state != cdi::SpecState::Intact {
-            tracing::warn!(claim = %claim, spec = state.as_str(), "the claim's CDI spec was {} on disk; wrote it again", state.as_str());
+            tracing::warn!(
+                claim = %claim,
+                spec = state.as_str(),
+                "the claim's CDI spec was {} on disk; wrote it again",
+                state.as_str()
+            );
         }
         Ok(if state == cdi::SpecState::Intact { metadata } else { state })
     }

@@ -182,7 +182,8 @@ mod tests {
         let main = write(
             d.path(),
             "gres.conf",
-            "# header\nAutoDetect=off\n\nName=gpu Type=\"a b\" \\\n  File=/dev/nvidia[0-1]\ninclude more.conf\nName=gpu File=/x\\#y\n",
+            "# header\nAutoDetect=off\n\nName=gpu Type=\"a b\" \\\n  File=/dev/nvidia[0-1]\n\
+             include more.conf\nName=gpu File=/x\\#y\n",
         );
         let lines = read(&main).unwrap();
         assert_eq!(lines.len(), 4);

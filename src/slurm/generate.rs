@@ -31,11 +31,14 @@ pub enum GenerateError {
     #[error("--dev-root {0:?}: {DEV_ROOT_RULE}")]
     BadDevRoot(String),
     #[error(
-        "GPUs of type {gres_type} ({first}, {second}) are not next to each other in Slurm index order ({between} of type {other} is between them): slurmd numbers GPUs type by type, so these indexes cannot be met; give every GPU one type with --gres-type NAME"
+        "GPUs of type {gres_type} ({first}, {second}) are not next to each other in Slurm index \
+         order ({between} of type {other} is between them): slurmd numbers GPUs type by type, so \
+         these indexes cannot be met; give every GPU one type with --gres-type NAME"
     )]
     TypesInterleave { gres_type: String, first: String, second: String, between: String, other: String },
     #[error(
-        "the Slurm index map gives GPU {uuid} index {wanted}, but Slurm would number it {position} (indexes count from 0 over the GPUs Slurm lists, in the map's order{left_out}); renumber the map"
+        "the Slurm index map gives GPU {uuid} index {wanted}, but Slurm would number it {position} \
+         (indexes count from 0 over the GPUs Slurm lists, in the map's order{left_out}); renumber the map"
     )]
     MapDisagrees { uuid: String, wanted: u32, position: u32, left_out: String },
     #[error("no GPU Slurm can schedule on this node ({0})")]
@@ -46,7 +49,8 @@ pub enum GenerateError {
 /// `slurmd -G` on 22.05, observed), but `:`, `,`, `=`, `#` and blanks break slurm.conf's `Gres=`
 /// and gres.conf, a leading digit looks like a count in a job's `--gres=gpu:...`, and one
 /// lowercase spelling keeps slurm.conf, gres.conf and users' requests the same.
-pub const TYPE_RULE: &str = "a Slurm GRES type must start with a lowercase letter and hold only lowercase letters, digits, '_', '-' and '.', e.g. h100";
+pub const TYPE_RULE: &str = "a Slurm GRES type must start with a lowercase letter and hold only \
+                             lowercase letters, digits, '_', '-' and '.', e.g. h100";
 
 /// What `File=` may start with: a `#` starts a comment, blanks split words, `[`, `]` and `,` are
 /// hostlist syntax, `=` and quotes end the value.
@@ -252,7 +256,10 @@ pub fn generate(gpus: &[GpuIn], req: &Request) -> Result<Config, GenerateError> 
         lines.push(format!("NodeName={node} Name=shard Count={} File={}", g.shards, file(g).display()));
         records.push(Record { name: "shard", gres_type: None, count: g.shards, file: file(g) });
     }
-    const STATIC: &str = "in static MIG mode: Slurm sees MIG instances only through AutoDetect=nvml, which these File= records exclude, and a whole-GPU record would let a native job take the GPU whose instances Kubernetes uses; Slurm does not schedule it";
+    const STATIC: &str = "in static MIG mode: Slurm sees MIG instances only through \
+                          AutoDetect=nvml, which these File= records exclude, and a whole-GPU \
+                          record would let a native job take the GPU whose instances Kubernetes \
+                          uses; Slurm does not schedule it";
     for g in &left_out {
         notes.push(format!(
             "GPU {} (NVML index {}, {}) is left out: {STATIC}",
@@ -376,7 +383,8 @@ mod tests {
         let e = generate(&g, &Request { from_map: true, ..req() }).unwrap_err().to_string();
         assert_eq!(
             e,
-            "the Slurm index map gives GPU GPU-00000002 index 5, but Slurm would number it 3 (indexes count from 0 over the GPUs Slurm lists, in the map's order); renumber the map"
+            "the Slurm index map gives GPU GPU-00000002 index 5, but Slurm would number it 3 \
+             (indexes count from 0 over the GPUs Slurm lists, in the map's order); renumber the map"
         );
     }
 
@@ -425,7 +433,9 @@ mod tests {
         let e = generate(&g, &req()).unwrap_err().to_string();
         assert_eq!(
             e,
-            "GPUs of type h100 (NVML index 0, NVML index 2) are not next to each other in Slurm index order (NVML index 1 of type a100 is between them): slurmd numbers GPUs type by type, so these indexes cannot be met; give every GPU one type with --gres-type NAME"
+            "GPUs of type h100 (NVML index 0, NVML index 2) are not next to each other in Slurm \
+             index order (NVML index 1 of type a100 is between them): slurmd numbers GPUs type by \
+             type, so these indexes cannot be met; give every GPU one type with --gres-type NAME"
         );
         let c = generate(&g, &Request { gres_type: Some("hopper.x-1".into()), ..req() }).unwrap();
         assert_eq!(c.gres, "gpu:hopper.x-1:4,shard:32");

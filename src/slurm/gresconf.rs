@@ -148,7 +148,8 @@ mod tests {
     #[test]
     fn selects_node_lines_and_expands_files() {
         let g = parse_text(
-            "AutoDetect=off\nNodeName=other[1-3] Name=gpu File=/dev/nvidia9\nNodeName=vm,gpu[1-2] Name=gpu Type=a100 File=/dev/nvidia[0-1] Cores=0-3\nName=shard Count=8\n",
+            "AutoDetect=off\nNodeName=other[1-3] Name=gpu File=/dev/nvidia9\n\
+             NodeName=vm,gpu[1-2] Name=gpu Type=a100 File=/dev/nvidia[0-1] Cores=0-3\nName=shard Count=8\n",
             "vm",
         )
         .unwrap();

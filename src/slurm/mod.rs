@@ -33,7 +33,8 @@ pub enum SlurmError {
     /// Two of this node's GPUs have one index in the administrator's map.
     /// `first` and `second` name each GPU and the map line that placed it.
     #[error(
-        "{}: GPU {first} and GPU {second} both have Slurm index {index} on this node; give each GPU of a node its own index",
+        "{}: GPU {first} and GPU {second} both have Slurm index {index} on this node; give each \
+         GPU of a node its own index",
         map.display()
     )]
     DuplicateIndex { map: PathBuf, index: u32, first: String, second: String },
@@ -256,7 +257,8 @@ pub fn resolve(settings: &Settings, gpus: &[NodeGpu]) -> Result<Resolution, Slur
     for (g, (index, migs)) in gpus.iter().zip(answer.indexes.iter().zip(&answer.migs)) {
         if index.is_none() && migs.is_empty() {
             notes.push(info(format!(
-                "GPU {} (minor {}, MIG on) has no Slurm index: {source} lists neither it nor its MIG instances, so Slurm does not schedule it",
+                "GPU {} (minor {}, MIG on) has no Slurm index: {source} lists neither it nor its \
+                 MIG instances, so Slurm does not schedule it",
                 g.uuid, g.minor
             )));
         }
@@ -289,7 +291,9 @@ fn release_note(bin: &Path, notes: &mut Vec<Note>) -> Option<String> {
         Ok(release) if release.is_known() => Some(release.to_string()),
         Ok(release) => {
             notes.push(warn(format!(
-                "Slurm {release} ({} -V) is not a release migdra was checked against ({}.{:02} to {}.{:02}); assuming it numbers GPUs as those do: slurm.conf's Gres= type order, then gres.conf's file order",
+                "Slurm {release} ({} -V) is not a release migdra was checked against ({}.{:02} to \
+                 {}.{:02}); assuming it numbers GPUs as those do: slurm.conf's Gres= type order, \
+                 then gres.conf's file order",
                 bin.display(),
                 oldest.major,
                 oldest.minor,
@@ -337,7 +341,8 @@ fn settle_shards(
                 Some((s, n)) => {
                     if settings.shards_per_gpu.is_some_and(|f| f != n) {
                         notes.push(warn(format!(
-                            "CONFLICT: --shards-per-gpu {fallback} but {s} gives GPU {} (minor {}) {n} shards; using {n}",
+                            "CONFLICT: --shards-per-gpu {fallback} but {s} gives GPU {} (minor {}) \
+                             {n} shards; using {n}",
                             g.uuid, g.minor
                         )));
                     }
@@ -464,7 +469,9 @@ fn autodetect_order(gpus: &[NodeGpu]) -> Answer {
         next += 1;
     }
     Answer {
-        rule: "gres.conf AutoDetect=nvml: NVML index order, MIG instances after every whole GPU (read from Slurm's source, not observed)".into(),
+        rule: "gres.conf AutoDetect=nvml: NVML index order, MIG instances after every whole GPU \
+               (read from Slurm's source, not observed)"
+            .into(),
         indexes,
         shards: vec![None; gpus.len()],
         migs: per_gpu,

@@ -204,9 +204,19 @@ mod tests {
     /// Each case was printed by Debian's slurmd 22.05.8 (`slurmd -G`) for the same files.
     #[test]
     fn orders_like_slurmd_22_05() {
-        let e = run("gpu:b:3,gpu:a:3", "Name=gpu Type=a File=/d/nvidia[10-12]\nName=gpu Type=b File=/d/nvidia[3-4]\nName=gpu Type=b File=/d/nvidia1\n").unwrap();
+        let e = run(
+            "gpu:b:3,gpu:a:3",
+            "Name=gpu Type=a File=/d/nvidia[10-12]\nName=gpu Type=b File=/d/nvidia[3-4]\n\
+             Name=gpu Type=b File=/d/nvidia1\n",
+        )
+        .unwrap();
         assert_eq!(files(&e), ["/d/nvidia3", "/d/nvidia4", "/d/nvidia1", "/d/nvidia10", "/d/nvidia11", "/d/nvidia12"]);
-        let e = run("gpu:6", "Name=gpu Type=a File=/d/nvidia[10-12]\nName=gpu Type=b File=/d/nvidia[3-4]\nName=gpu Type=b File=/d/nvidia1\n").unwrap();
+        let e = run(
+            "gpu:6",
+            "Name=gpu Type=a File=/d/nvidia[10-12]\nName=gpu Type=b File=/d/nvidia[3-4]\n\
+             Name=gpu Type=b File=/d/nvidia1\n",
+        )
+        .unwrap();
         assert_eq!(files(&e), ["/d/nvidia10", "/d/nvidia11", "/d/nvidia12", "/d/nvidia3", "/d/nvidia4", "/d/nvidia1"]);
         assert_eq!(e.records[0].gres_type, None);
         let e = run("gpu:a:2,gpu:b:2", "Name=gpu Type=b File=/d/nvidia[10-12]\nName=gpu Type=a File=/d/nvidia[3-4]\n")

@@ -100,7 +100,8 @@ mod tests {
     #[test]
     fn finds_the_node_line_and_its_gres() {
         let l = lines(
-            "ClusterName=x\nNodeName=DEFAULT Gres=gpu:8\nNodeName=a[1-4] CPUs=4\nNodeName=vm CPUs=16 Gres=gpu:m10:1,gpu:m0:1,shard:16(S:0-1)\n",
+            "ClusterName=x\nNodeName=DEFAULT Gres=gpu:8\nNodeName=a[1-4] CPUs=4\n\
+             NodeName=vm CPUs=16 Gres=gpu:m10:1,gpu:m0:1,shard:16(S:0-1)\n",
         );
         let g = node_gres(&l, "vm").unwrap();
         assert_eq!(g.at.line, 4);

@@ -160,7 +160,8 @@ slurmd: Gres Name=shard Type=m10 Count=4 Index=10 ID=1918986455 File=/tmp/sx/dev
 slurmd: Gres Name=gpu Type=m10 Count=1 Index=10 ID=7696487 File=/tmp/sx/dev/nvidia10 (null)
 slurmd: Gres Name=shard Type=m13 Count=4 Index=13 ID=1918986455 File=/tmp/sx/dev/nvidia13 Cores=0-3 CoreCnt=16 (null)
 slurmd: Gres Name=gpu Type=m13 Count=1 Index=13 ID=7696487 File=/tmp/sx/dev/nvidia13 Cores=0-3 CoreCnt=16 (null)
-slurmd: Gres Name=gpu Type=(null) Count=1 Index=2 ID=7696487 File=/tmp/sx/dev/nvidia2,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22 (null)
+slurmd: Gres Name=gpu Type=(null) Count=1 Index=2 ID=7696487 \
+    File=/tmp/sx/dev/nvidia2,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22 (null)
 ";
 
     #[test]
@@ -181,12 +182,22 @@ slurmd: Gres Name=gpu Type=(null) Count=1 Index=2 ID=7696487 File=/tmp/sx/dev/nv
     /// with Links= and Flags= after the file, each gpu record after its file's shard record.
     const OUTPUT_2605: &str = "\
 [2026-12-03T13:35:52.039] Node configuration differs from hardware: CPUs=32:2(hw) Boards=1:1(hw)
-[2026-12-03T13:35:52.039] Gres Name=shard Type=m3 Count=4 Index=3 ID=1918986455 File=/tmp/s26/dev/nvidia3 Cores=0-3 CoreCnt=32 Links=(null) Flags=HAS_FILE,HAS_TYPE,SHARED
-[2026-12-03T13:35:52.039] Gres Name=gpu Type=m3 Count=1 Index=3 ID=7696487 File=/tmp/s26/dev/nvidia3 Cores=0-3 CoreCnt=32 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
-[2026-12-03T13:35:52.039] Gres Name=shard Type=m0 Count=8 Index=0 ID=1918986455 File=/tmp/s26/dev/nvidia0 Links=(null) Flags=HAS_FILE,HAS_TYPE,SHARED
-[2026-12-03T13:35:52.039] Gres Name=gpu Type=m0 Count=1 Index=0 ID=7696487 File=/tmp/s26/dev/nvidia0 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
-[2026-12-03T13:35:52.039] Gres Name=shard Type=m2 Count=0 Index=2 ID=1918986455 File=/tmp/s26/dev/nvidia2 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT,SHARED
-[2026-12-03T13:35:52.039] Gres Name=gpu Type=m2 Count=1 Index=2 ID=7696487 File=/tmp/s26/dev/nvidia2 Links=(null) Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
+[2026-12-03T13:35:52.039] Gres Name=shard Type=m3 Count=4 Index=3 ID=1918986455 \
+    File=/tmp/s26/dev/nvidia3 Cores=0-3 CoreCnt=32 Links=(null) Flags=HAS_FILE,HAS_TYPE,SHARED
+[2026-12-03T13:35:52.039] Gres Name=gpu Type=m3 Count=1 Index=3 ID=7696487 \
+    File=/tmp/s26/dev/nvidia3 Cores=0-3 CoreCnt=32 Links=(null) \
+    Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
+[2026-12-03T13:35:52.039] Gres Name=shard Type=m0 Count=8 Index=0 ID=1918986455 \
+    File=/tmp/s26/dev/nvidia0 Links=(null) Flags=HAS_FILE,HAS_TYPE,SHARED
+[2026-12-03T13:35:52.039] Gres Name=gpu Type=m0 Count=1 Index=0 ID=7696487 \
+    File=/tmp/s26/dev/nvidia0 Links=(null) \
+    Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
+[2026-12-03T13:35:52.039] Gres Name=shard Type=m2 Count=0 Index=2 ID=1918986455 \
+    File=/tmp/s26/dev/nvidia2 Links=(null) \
+    Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT,SHARED
+[2026-12-03T13:35:52.039] Gres Name=gpu Type=m2 Count=1 Index=2 ID=7696487 \
+    File=/tmp/s26/dev/nvidia2 Links=(null) \
+    Flags=HAS_FILE,HAS_TYPE,ENV_NVML,ENV_RSMI,ENV_ONEAPI,ENV_OPENCL,ENV_DEFAULT
 ";
 
     #[test]

@@ -60,7 +60,9 @@ fn warnings(r: &Resolution) -> Vec<&str> {
     r.notes.iter().filter(|n| n.warning).map(|n| n.message.as_str()).collect()
 }
 
-const GRES: &str = "AutoDetect=off\n# minors 7, 0 typed b; 12, 3 typed a\nName=gpu Type=b File=/dev/nvidia7\nName=gpu Type=a File=/dev/nvidia[12,3]\nName=gpu Type=b File=/dev/nvidia0\nName=shard Count=14 File=/dev/nvidia[12,3]\n";
+const GRES: &str = "AutoDetect=off\n# minors 7, 0 typed b; 12, 3 typed a\n\
+                    Name=gpu Type=b File=/dev/nvidia7\nName=gpu Type=a File=/dev/nvidia[12,3]\n\
+                    Name=gpu Type=b File=/dev/nvidia0\nName=shard Count=14 File=/dev/nvidia[12,3]\n";
 
 #[test]
 fn without_slurm_nvml_order_and_memory_slices() {
@@ -165,7 +167,8 @@ fn bad_sources_fall_back_naming_file_and_line() {
     assert_eq!(
         e.to_string(),
         format!(
-            "{}: GPU GPU-00000000 (line 1) and GPU GPU-00000001 (as 0000:19:00.0, line 2) both have Slurm index 1 on this node; give each GPU of a node its own index",
+            "{}: GPU GPU-00000000 (line 1) and GPU GPU-00000001 (as 0000:19:00.0, line 2) both \
+             have Slurm index 1 on this node; give each GPU of a node its own index",
             map.display()
         )
     );
@@ -200,7 +203,8 @@ fn one_map_serves_every_node() {
     let mut n = Node::new();
     n.settings.index_map = Some(n.write(
         "map.yaml",
-        "GPU-other-node-0: 0\nGPU-other-node-1: 1\nGPU-00000000: 3\nGPU-00000001: 2\nGPU-00000002: 1\nGPU-00000003: 0\n",
+        "GPU-other-node-0: 0\nGPU-other-node-1: 1\nGPU-00000000: 3\nGPU-00000001: 2\n\
+         GPU-00000002: 1\nGPU-00000003: 0\n",
     ));
     let r = n.resolve(&gpus());
     assert_eq!((r.source, indexes(&r)), (Source::AdminMap, vec![Some(3), Some(2), Some(1), Some(0)]));
@@ -246,7 +250,9 @@ fn slurmd_outranks_the_emulation() {
     let mut n = Node::new();
     n.slurm("gpu:a:2,gpu:b:2", GRES);
     // A stand-in slurmd of a release migdra does not know, that orders b before a.
-    let script = "#!/bin/sh\n[ \"$1\" = -V ] && { echo 'slurm 27.11.0'; exit 0; }\nfor f in 7 0 12 3; do echo \"slurmd: Gres Name=gpu Type=x Count=1 Index=$f ID=1 File=/dev/nvidia$f (null)\" >&2; done\n";
+    let script = "#!/bin/sh\n[ \"$1\" = -V ] && { echo 'slurm 27.11.0'; exit 0; }\n\
+                  for f in 7 0 12 3; do echo \"slurmd: Gres Name=gpu Type=x Count=1 Index=$f ID=1 \
+                  File=/dev/nvidia$f (null)\" >&2; done\n";
     let bin = n.write("slurmd", script);
     std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     n.settings.slurmd = Some(bin);
@@ -275,7 +281,9 @@ fn static_mig_instances_get_their_own_index() {
     let n = Node::new();
     n.slurm(
         "gpu:5",
-        "Name=gpu File=/dev/nvidia[3,12,7]\nName=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap[30-31]\nName=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22\n",
+        "Name=gpu File=/dev/nvidia[3,12,7]\n\
+         Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap[30-31]\n\
+         Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21,/dev/nvidia-caps/nvidia-cap22\n",
     );
     let r = n.resolve(&g);
     assert_eq!(r.source, Source::GresConf, "{:?}", r.notes);
@@ -288,7 +296,13 @@ fn static_mig_instances_get_their_own_index() {
         "Name=gpu File=/dev/nvidia[3,12,7]\nName=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap[40-41]\n",
     );
     let w = warnings(&n.resolve(&g)).join("\n");
-    assert!(w.contains("gres.conf:2: Slurm index 3 names nvidia-cap40,nvidia-cap41 on GPU minor 0, which match no MIG instance there"), "{w}");
+    assert!(
+        w.contains(
+            "gres.conf:2: Slurm index 3 names nvidia-cap40,nvidia-cap41 on GPU minor 0, \
+             which match no MIG instance there"
+        ),
+        "{w}"
+    );
 }
 
 #[test]

@@ -57,7 +57,8 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, String> {
         .map_err(|e| format!("not a checkpoint envelope {{version, checksum, checkpoint}}: {e}"))?;
     if env.version > CURRENT_VERSION {
         return Err(format!(
-            "format version {} is newer than this migdra reads (up to {CURRENT_VERSION}); it was written by a newer migdra",
+            "format version {} is newer than this migdra reads (up to {CURRENT_VERSION}); it was \
+             written by a newer migdra",
             env.version
         ));
     }

@@ -475,9 +475,12 @@ mod tests {
     fn a_v1_file_without_defaulted_fields_loads() {
         // Only the fields every version-1 writer writes: no needsRecreate, lastError, mig, or
         // the MIG record's optional IDs.
-        let payload = r#"{"bootId":"b1","claims":{"u1":{"uid":"u1","namespace":"ns","name":"c","state":"UnprepareStarted","devices":[
-            {"requests":["r"],"pool":"p","device":"gpu-3","gpuUuid":"GPU-3","pciBusId":"0000:03:00.0","gpuMinor":3,"gpuIndex":2,"cdiIds":["k/claim=u1"]},
-            {"requests":["r"],"pool":"p","device":"gpu-0-mig-1g10gb-19-0","gpuUuid":"GPU-0","pciBusId":"0000:01:00.0","gpuMinor":0,"gpuIndex":0,"cdiIds":[],
+        let payload = r#"{"bootId":"b1","claims":{"u1":{"uid":"u1","namespace":"ns","name":"c",
+            "state":"UnprepareStarted","devices":[
+            {"requests":["r"],"pool":"p","device":"gpu-3","gpuUuid":"GPU-3","pciBusId":"0000:03:00.0",
+             "gpuMinor":3,"gpuIndex":2,"cdiIds":["k/claim=u1"]},
+            {"requests":["r"],"pool":"p","device":"gpu-0-mig-1g10gb-19-0","gpuUuid":"GPU-0",
+             "pciBusId":"0000:01:00.0","gpuMinor":0,"gpuIndex":0,"cdiIds":[],
              "mig":{"owner":"static","profileId":19,"profile":"1g.10gb","start":0,"size":1}}]}}}"#;
         let text = format!(
             r#"{{"version":1,"checksum":"{}","checkpoint":{payload}}}"#,

@@ -258,9 +258,10 @@ async fn claim_status_subresource_conflicts_then_retry_succeeds() {
     // Apply on /status merges status.devices per (driver, pool, device) and per field manager.
     let other = device_status("other.example.com", "nic-0");
     let apply = |devices: Value| {
-        Patch::Apply(
-            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c1"}, "status": {"devices": devices}}),
-        )
+        Patch::Apply(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c1"},
+            "status": {"devices": devices}
+        }))
     };
     claims.patch_status("c1", &PatchParams::apply("other.example.com"), &apply(json!([other]))).await.unwrap();
     claims.patch_status("c1", &PatchParams::apply("gpu.example.com"), &apply(json!([ours]))).await.unwrap();
@@ -472,7 +473,8 @@ async fn version_kubeconfig_events_and_deviceclasses() {
 
     let event: Event = typed(json!({
         "apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "n1."},
-        "involvedObject": {"kind": "Node", "name": "n1"}, "reason": "CountersDropped", "type": "Warning", "message": "m",
+        "involvedObject": {"kind": "Node", "name": "n1"},
+        "reason": "CountersDropped", "type": "Warning", "message": "m",
     }));
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     events.create(&PostParams::default(), &event).await.unwrap();
@@ -484,7 +486,8 @@ async fn version_kubeconfig_events_and_deviceclasses() {
     let modern: k8s_openapi::api::events::v1::Event = typed(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e1"},
         "eventTime": "2025-01-01T00:00:00.000000Z", "reportingController": "gpu.example.com", "reportingInstance": "n1",
-        "action": "Prepare", "reason": "PrepareFailed", "type": "Warning", "regarding": {"kind": "ResourceClaim", "name": "c1"},
+        "action": "Prepare", "reason": "PrepareFailed", "type": "Warning",
+        "regarding": {"kind": "ResourceClaim", "name": "c1"},
     }));
     Api::namespaced(client.clone(), "default").create(&PostParams::default(), &modern).await.unwrap();
     assert!(server.get("/apis/events.k8s.io/v1/namespaces/default/events/e1").is_some());

@@ -692,7 +692,8 @@ fn dashboard_and_alerts_query_only_what_migdra_serves() {
         &helm,
         &[
             "--set",
-            "monitoring.dashboard.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.podMonitor.enabled=true",
+            "monitoring.dashboard.enabled=true,monitoring.prometheusRule.enabled=true,\
+             monitoring.podMonitor.enabled=true",
             "--set",
             "metrics.addr=0.0.0.0:9400,metrics.allowRemote=true",
         ],

@@ -506,6 +506,45 @@ fn readme_is_a_front_door() {
     assert!(readme.contains("bash hack/test.sh"), "README.md must show the test command, bash hack/test.sh");
 }
 
+/// rustfmt does not wrap string literals or comments, so its width (rustfmt.toml's max_width)
+/// holds only if a test holds it: every Rust line fits, this file's too.
+#[test]
+fn every_rust_line_fits_rustfmts_width() {
+    let root = root();
+    let width: usize = fs::read_to_string(root.join("rustfmt.toml"))
+        .expect("rustfmt.toml")
+        .lines()
+        .find_map(|l| l.strip_prefix("max_width = ")?.trim().parse().ok())
+        .expect("rustfmt.toml sets max_width");
+    let mut rust = vec![PathBuf::from("build.rs"), PathBuf::from("tests/library/docs.rs")];
+    for dir in ["src", "tests", "benches", "hack"] {
+        walk(&root, Path::new(dir), &mut |rel| {
+            if rel.extension().is_some_and(|e| e == "rs") && rel != Path::new("tests/library/docs.rs") {
+                rust.push(rel.to_path_buf());
+            }
+        });
+    }
+    let long: Vec<String> = rust
+        .iter()
+        .flat_map(|rel| {
+            let text = fs::read_to_string(root.join(rel)).unwrap_or_default();
+            let over: Vec<String> = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| l.chars().count() > width)
+                .map(|(i, l)| format!("{}:{}: {} characters", rel.display(), i + 1, l.chars().count()))
+                .collect();
+            over
+        })
+        .collect();
+    assert!(rust.len() > 50, "found only {} Rust files", rust.len());
+    assert!(
+        long.is_empty(),
+        "lines over rustfmt's {width} (split the string or rewrap the comment):\n{}",
+        long.join("\n")
+    );
+}
+
 #[test]
 fn slugs_and_section_numbers_follow_github_and_the_facts() {
     assert_eq!(

@@ -33,11 +33,19 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        3 => (0..GPUS, 0..16usize, prop::bool::weighted(0.05), 0..16usize, prop::option::weighted(0.2, 0..14u32), any::<bool>())
+        3 => (
+            0..GPUS,
+            0..16usize,
+            prop::bool::weighted(0.05),
+            0..16usize,
+            prop::option::weighted(0.2, 0..14u32),
+            any::<bool>(),
+        )
             .prop_map(|(gpu, profile, bogus_profile, start, raw_start, with_ci)| Step::Create {
                 gpu, profile, bogus_profile, start, raw_start, with_ci
             }),
-        2 => (0..GPUS, 0..16usize, any::<bool>()).prop_map(|(gpu, which, cis_first)| Step::Destroy { gpu, which, cis_first }),
+        2 => (0..GPUS, 0..16usize, any::<bool>())
+            .prop_map(|(gpu, which, cis_first)| Step::Destroy { gpu, which, cis_first }),
     ]
 }
 
@@ -208,7 +216,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_create_destroy_sequences_keep_the_hardware_valid(extra in 0..64usize, steps in prop::collection::vec(step(), 1..40)) {
+    fn random_create_destroy_sequences_keep_the_hardware_valid(
+        extra in 0..64usize,
+        steps in prop::collection::vec(step(), 1..40),
+    ) {
         run(extra, steps)?;
     }
 }

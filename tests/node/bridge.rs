@@ -211,7 +211,8 @@ async fn the_real_slurm_bridge_with_mig_today() {
     let field = |key: &str| slurm::field(&detail, key);
     let gpus = slurm::job_gpus(&detail);
     steps.say(&format!(
-        "1. nvidia.com/mig-1g.10gb: job {job} running, asked {}, Exclusive={}, holds CPUs {alloc}/{total} and GPUs {gpus:?}; claims {:?}",
+        "1. nvidia.com/mig-1g.10gb: job {job} running, asked {}, Exclusive={}, holds CPUs \
+         {alloc}/{total} and GPUs {gpus:?}; claims {:?}",
         field("ReqTRES"),
         field("Exclusive"),
         h.claims_of("notebook")

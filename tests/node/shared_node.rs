@@ -322,7 +322,8 @@ fn check(h: &Hybrid, natives: &[(String, &str)], report: &mut Report, at: &str) 
             .collect();
         let gres = format!("{gres}; jobs {jobs:?}; natives {natives:?}; pods {pods:?}");
         report.disagreements.push(format!(
-            "{at}: Slurm's shards in use per GPU {used:?} ({gres}), native jobs' and migdra's devices' {expected:?} ({devices:?})"
+            "{at}: Slurm's shards in use per GPU {used:?} ({gres}), native jobs' and migdra's \
+             devices' {expected:?} ({devices:?})"
         ));
     }
     // A native whole-GPU job's GPU holds no pod's MIG device.

@@ -588,7 +588,10 @@ fn an_admin_access_claim_file_prepares_a_spec_and_no_instance() {
     let minor = node.minors()[0];
     let device = format!("gpu-{minor}-mig-1g10gb-19-0");
     let monitor = |n| {
-        let result = serde_json::json!({"request": "gpu", "driver": crate::support::DRIVER, "pool": node.node_name(), "device": device, "adminAccess": true});
+        let result = serde_json::json!({
+            "request": "gpu", "driver": crate::support::DRIVER, "pool": node.node_name(), "device": device,
+            "adminAccess": true
+        });
         Claim::new(uid(n)).result(result)
     };
     node.write(&monitor(1));
@@ -634,13 +637,16 @@ fn serve_refuses_a_bad_kubeconfig_in_one_line_and_leaves_nothing() {
     let no_cluster = dir.path().join("no-cluster");
     std::fs::write(
         &no_cluster,
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {cluster: gone, user: u}\nusers:\n- name: u\n  user: {}\n",
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n\
+         - name: c\n  context: {cluster: gone, user: u}\nusers:\n- name: u\n  user: {}\n",
     )
     .unwrap();
     let kubeconfig_with = |cluster: &str| {
         format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {{cluster: k, user: u}}\n\
-             clusters:\n- name: k\n  cluster: {{server: \"https://127.0.0.1:1\", {cluster}}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n\
+             - name: c\n  context: {{cluster: k, user: u}}\n\
+             clusters:\n- name: k\n  cluster: {{server: \"https://127.0.0.1:1\", {cluster}}}\n\
+             users:\n- name: u\n  user: {{token: t}}\n"
         )
     };
     // base64 of "not a certificate\n": read without complaint by the client, then no handshake works.

@@ -223,8 +223,10 @@ impl Bridge {
              profiles:\n- schedulerName: {SCHEDULER}\n  plugins:\n\
              \x20   queueSort:\n      enabled:\n          - name: PrioritySort\n\
              \x20   preEnqueue:\n      enabled:\n          - name: SlurmBridge{pe}\n\
-             \x20   preFilter:\n      enabled:\n          - name: VolumeBinding\n          - name: NodeResourcesFit\n          - name: SlurmBridge{pf}\n\
-             \x20   filter:\n      enabled:\n          - name: VolumeBinding\n          - name: TaintToleration\n          - name: NodeResourcesFit\n          - name: SlurmBridge{f}\n\
+             \x20   preFilter:\n      enabled:\n          - name: VolumeBinding\n\
+             \x20         - name: NodeResourcesFit\n          - name: SlurmBridge{pf}\n\
+             \x20   filter:\n      enabled:\n          - name: VolumeBinding\n          - name: TaintToleration\n\
+             \x20         - name: NodeResourcesFit\n          - name: SlurmBridge{f}\n\
              \x20   postFilter:\n      enabled:\n          - name: SlurmBridge{pof}\n\
              \x20   reserve:\n      enabled:\n          - name: VolumeBinding{r}\n\
              \x20   preBind:\n      enabled:\n          - name: VolumeBinding\n          - name: SlurmBridge{pb}\n\
@@ -289,7 +291,8 @@ impl Bridge {
             format!(
                 "apiVersion: admissionregistration.k8s.io/v1\nkind: {kind}\nmetadata:\n  name: slurm-bridge-admission\n\
                  webhooks:\n- name: pods.slinky.slurm.net\n  namespaceSelector:\n    matchExpressions:\n\
-                 \x20   - key: kubernetes.io/metadata.name\n      operator: NotIn\n      values: [kube-system, slurm-bridge]\n\
+                 \x20   - key: kubernetes.io/metadata.name\n      operator: NotIn\n\
+                 \x20     values: [kube-system, slurm-bridge]\n\
                  \x20 rules:\n  - apiGroups: [\"\"]\n    apiVersions: [v1]\n    resources: [pods]\n\
                  \x20   operations: [CREATE, UPDATE]\n    scope: Namespaced\n\
                  \x20 clientConfig:\n    url: https://127.0.0.1:{WEBHOOK_PORT}{path}\n    caBundle: {ca}\n\

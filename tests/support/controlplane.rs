@@ -52,7 +52,8 @@ impl std::fmt::Display for Versions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "kube-apiserver, kube-scheduler, kube-controller-manager {}, etcd {} (from {}), feature gates {FEATURE_GATES}",
+            "kube-apiserver, kube-scheduler, kube-controller-manager {}, etcd {} (from {}), \
+             feature gates {FEATURE_GATES}",
             self.apiserver,
             self.etcd,
             self.bin_dir.display()
@@ -428,7 +429,8 @@ impl ControlPlane {
             Some(_) => {
                 kcm.push(format!("--root-ca-file={}", p("ca.crt")));
                 format!(
-                    "{CONTROLLERS},serviceaccount-controller,root-ca-certificate-publisher-controller,daemonset-controller,namespace-controller"
+                    "{CONTROLLERS},serviceaccount-controller,\
+                     root-ca-certificate-publisher-controller,daemonset-controller,namespace-controller"
                 )
             }
             None => CONTROLLERS.to_string(),

@@ -1,10 +1,11 @@
 //! A fake Kubernetes API server for tests: plain HTTP on 127.0.0.1, real REST paths, JSON only.
 //!
-//! Production code talks to it through an ordinary `kube::Client`, so the same scenarios can later
-//! run against a real kube-apiserver. It keeps what the DRA driver depends on: resourceVersion
-//! conflicts, the status subresource, merge/JSON/apply patches, selectors, watches that resume from
-//! a resourceVersion, `Status` error bodies, and the version-dependent ResourceSlice rules. On top
-//! it injects faults (error codes, slow answers, dropped connections, outages).
+//! Production code talks to it through an ordinary `kube::Client`, and the scenarios that matter
+//! also run against a real kube-apiserver (`tests/controlplane.rs`). It keeps what the DRA driver
+//! depends on: resourceVersion conflicts, the status subresource, merge/JSON/apply patches,
+//! selectors, watches that resume from a resourceVersion, `Status` error bodies, and the
+//! version-dependent ResourceSlice rules. On top it injects faults (error codes, slow answers,
+//! dropped connections, outages).
 //!
 //! Not modelled: auth and RBAC, other admission, finalizers and garbage collection, dryRun, field
 //! ownership conflicts of server-side apply, protobuf, and discovery (`kube::Api<K>` with
@@ -539,9 +540,11 @@ fn route(state: &Shared, method: &Method, path: &str, q: &Query, ctype: &str, bo
         return Ok(Reply::Json(
             200,
             json!({
-                "major": o.major.to_string(), "minor": o.minor.to_string(), "gitVersion": format!("v{}.{}.0", o.major, o.minor),
+                "major": o.major.to_string(), "minor": o.minor.to_string(),
+                "gitVersion": format!("v{}.{}.0", o.major, o.minor),
                 "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
-                "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24.0", "compiler": "gc", "platform": "linux/amd64",
+                "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24.0",
+                "compiler": "gc", "platform": "linux/amd64",
             }),
         ));
     }
@@ -857,7 +860,9 @@ async fn pump(
                 }
                 Ok(Some(_)) => None,
                 Ok(None) | Err(broadcast::error::RecvError::Closed) => return,
-                Err(broadcast::error::RecvError::Lagged(_)) => Some(event("ERROR", ApiErr::new(410, "watch fell behind").body())),
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    Some(event("ERROR", ApiErr::new(410, "watch fell behind").body()))
+                }
             },
         };
         if let Some(line) = line

@@ -3,15 +3,16 @@
 //! [`ControlPlane::start_for_nodes`]. Pods run in real containers; migdra runs as the chart's
 //! DaemonSet pod from the image `hack/build-image.sh` writes.
 //!
-//! - **Private mount namespace.** A holder process (`unshare --mount --propagation private`)
-//!   owns a mount namespace, its root made shared inside it as systemd makes a node's (the
-//!   chart's HostToContainer mount of `/` needs that; nothing propagates back to the host), that containerd, its shims and the kubelet join (`nsenter`). In it:
-//!   a fresh tmpfs on `/run` (containerd's shim sockets, CDI specs in `/var/run/cdi`, runc's and
-//!   containerd's state: all lost on a [`KubeNode::reboot`], as on a real node), tmpfs on the
-//!   kubelet's fixed paths (`/var/lib/kubelet`, `/var/log/containers`), and an overlay on `/dev`
-//!   holding the device nodes the simulated GPUs' CDI specs name (`/dev/nvidiactl`,
-//!   `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools`, `/dev/nvidia0..7`). The host's `/dev`, `/run`
-//!   and `/var` stay untouched.
+//! - **Private mount namespace.** A holder process (`unshare --mount --propagation private`) owns a
+//!   mount namespace, its root made shared inside it as systemd makes a node's (the chart's
+//!   HostToContainer mount of `/` needs that; nothing propagates back to the host), that
+//!   containerd, its shims and the kubelet join (`nsenter`). In it: a fresh tmpfs on `/run`
+//!   (containerd's shim sockets, CDI specs in `/var/run/cdi`, runc's and containerd's state: all
+//!   lost on a [`KubeNode::reboot`], as on a real node), tmpfs on the kubelet's fixed paths
+//!   (`/var/lib/kubelet`, `/var/log/containers`), and an overlay on `/dev` holding the device nodes
+//!   the simulated GPUs' CDI specs name (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+//!   `/dev/nvidia-uvm-tools`, `/dev/nvidia0..7`). The host's `/dev`, `/run` and `/var` stay
+//!   untouched.
 //! - **Its own directories** under one temporary directory: the kubelet's `--root-dir` (not the
 //!   default, as on k0s or MicroK8s: the chart's `kubeletRootDir` is tested with it), containerd's
 //!   root, the CNI configuration, pod logs and the simulated GPUs' state.

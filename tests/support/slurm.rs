@@ -234,11 +234,13 @@ impl Slurm {
                  SlurmctldPort={port}\nSlurmdPort={}\nAuthType=auth/munge\nStateSaveLocation={d}/ctld\n\
                  SlurmdSpoolDir={d}/d\nSlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
                  SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.log\nProctrackType=proctrack/linuxproc\n\
-                 TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
+                 TaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
+                 AccountingStorageType=accounting_storage/none\n\
                  MpiDefault=none\nSwitchType=switch/none\nReturnToService=2\nSelectType=select/cons_tres\n\
                  SelectTypeParameters=CR_Core\nSchedulerParameters=bf_interval=1\nGresTypes=gpu,shard\n\
                  SlurmdParameters=config_overrides\n{dynamic}{bridge}\
-                 NodeName={host} NodeAddr=127.0.0.1 CPUs=32 Sockets=4 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=20000 Gres={gres} State=UNKNOWN\n\
+                 NodeName={host} NodeAddr=127.0.0.1 CPUs=32 Sockets=4 CoresPerSocket=8 \
+                 ThreadsPerCore=1 RealMemory=20000 Gres={gres} State=UNKNOWN\n\
                  PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP\n{bridge_partition}",
                 slurmd_port
             ),

@@ -11,13 +11,16 @@
 //! test copies the library into its own directory to get its own node), else from the
 //! environment:
 //!
-//! | key | env | meaning |
-//! |---|---|---|
-//! | `state` | `FAKE_NVML_STATE` | the simulator state file (required; `migdra sim` and `SimBackend::open` make one) |
-//! | `procfs` | `FAKE_NVML_PROCFS` | a directory to keep a driver-like procfs tree in (`devices`, capability `access` files, boot ID) |
-//! | `trace` | `FAKE_NVML_TRACE` | a file that gets the name of every NVML function called, one per line |
-//! | `profile-info-version` | `FAKE_NVML_PROFILE_INFO_VERSION` | `2` to reject version 3 of the profile info structs, like an older driver |
-//! | `unlisted` | `FAKE_NVML_UNLISTED` | `1` to report names and PCI IDs no catalog knows, so migdra must describe the GPU from NVML |
+//! - `state` (`FAKE_NVML_STATE`): the simulator state file (required; `migdra sim` and
+//!   `SimBackend::open` make one);
+//! - `procfs` (`FAKE_NVML_PROCFS`): a directory to keep a driver-like procfs tree in (`devices`,
+//!   capability `access` files, boot ID);
+//! - `trace` (`FAKE_NVML_TRACE`): a file that gets the name of every NVML function called, one
+//!   per line;
+//! - `profile-info-version` (`FAKE_NVML_PROFILE_INFO_VERSION`): `2` to reject version 3 of the
+//!   profile info structs, like an older driver;
+//! - `unlisted` (`FAKE_NVML_UNLISTED`): `1` to report names and PCI IDs no catalog knows, so
+//!   migdra must describe the GPU from NVML.
 //!
 //! Faults come from the state file, and from `MIGDRA_SIM_FAULTS` as in migdra itself.
 //!

@@ -91,13 +91,23 @@ pub fn model(nvml: &Nvml, dev: &Device, id: &Identity) -> Result<GpuModel> {
             for p in &c.profiles {
                 let nvml = described.profile(p.id).map_or(p.memory_mib, |d| d.memory_mib);
                 if nvml != p.memory_mib {
-                    tracing::info!(gpu = %id.uuid, profile = %p.name, catalog_mib = p.memory_mib, nvml_mib = nvml, "profile memory differs from the catalog's; publishing the catalog's");
+                    tracing::info!(
+                        gpu = %id.uuid,
+                        profile = %p.name,
+                        catalog_mib = p.memory_mib,
+                        nvml_mib = nvml,
+                        "profile memory differs from the catalog's; publishing the catalog's"
+                    );
                 }
             }
             Ok(c.clone())
         }
         Some(c) => {
-            tracing::warn!(gpu = %id.uuid, catalog = %c.key, "NVML's MIG profiles differ from the catalog's; using NVML's");
+            tracing::warn!(
+                gpu = %id.uuid,
+                catalog = %c.key,
+                "NVML's MIG profiles differ from the catalog's; using NVML's"
+            );
             Ok(described)
         }
         None => Ok(described),

@@ -182,7 +182,12 @@ fn handle(waited: ffi::RawResult<Option<ffi::Event>>, keys: &[(usize, String)], 
             if xid::is_critical(ev.data) {
                 tracing::warn!(gpu = %uuid, gi = ?ev.gi, ci = ?ev.ci, xid = ev.data, changed, "XID: device unhealthy");
             } else {
-                tracing::info!(gpu = %uuid, gi = ?ev.gi, xid = ev.data, "XID caused by an application; device stays healthy");
+                tracing::info!(
+                    gpu = %uuid,
+                    gi = ?ev.gi,
+                    xid = ev.data,
+                    "XID caused by an application; device stays healthy"
+                );
             }
         }
         Ok(Some(_)) => {}

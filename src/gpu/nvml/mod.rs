@@ -126,7 +126,15 @@ impl NvmlBackend {
                 }
                 Err(e) => return Err(e),
             };
-            tracing::info!(index, minor = id.minor, uuid = %id.uuid, name = %id.name, mig = ?id.mig, model = %model.key, "NVML GPU");
+            tracing::info!(
+                index,
+                minor = id.minor,
+                uuid = %id.uuid,
+                name = %id.name,
+                mig = ?id.mig,
+                model = %model.key,
+                "NVML GPU"
+            );
             gpus.push(Known { index, uuid: id.uuid.clone(), model, identity: id });
         }
         let nvml = Arc::new(nvml);
@@ -136,7 +144,11 @@ impl NvmlBackend {
             match events::watch(nvml.clone(), list, health.clone()) {
                 Ok(w) => Some(w),
                 Err(e) => {
-                    tracing::warn!(call = e.call, code = %NvmlCode::from_value(e.ret), "no XID events: device health will not follow NVML");
+                    tracing::warn!(
+                        call = e.call,
+                        code = %NvmlCode::from_value(e.ret),
+                        "no XID events: device health will not follow NVML"
+                    );
                     None
                 }
             }
@@ -245,7 +257,10 @@ impl GpuBackend for NvmlBackend {
                 Err(e) => return Err(e),
             };
             if self.health.reachable(&k.uuid, !lost) {
-                tracing::warn!(gpu = %k.uuid, "GPU answers NVML again after GPU_IS_LOST: it was reset; its XID health is cleared");
+                tracing::warn!(
+                    gpu = %k.uuid,
+                    "GPU answers NVML again after GPU_IS_LOST: it was reset; its XID health is cleared"
+                );
             }
             out.push(GpuInfo {
                 index: k.index,

@@ -119,7 +119,12 @@ mod tests {
                         .filter(|d| !fitting || sim.fits(**d) || sim.is_allocated(**d))
                         .map(name)
                         .collect();
-                    let of_profile = |n: &String| matches!(DeviceName::parse(n), Ok(DeviceName::Mig { profile_id, .. }) if profile_id == p.id);
+                    let of_profile = |n: &String| {
+                        matches!(
+                            DeviceName::parse(n),
+                            Ok(DeviceName::Mig { profile_id, .. }) if profile_id == p.id
+                        )
+                    };
                     let got: Vec<String> = ranked
                         .iter()
                         .flat_map(|s| s.spec.devices.iter().flatten())

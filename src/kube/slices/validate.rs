@@ -247,7 +247,8 @@ pub fn validate(slices: &[ResourceSlice], layout: Layout) -> Vec<String> {
                 };
                 if layout == Layout::Combined && j != i {
                     problems.push(format!(
-                        "{here}: consumes counter set {:?} of slice {}; before 1.35 a device may consume only sets of its own slice",
+                        "{here}: consumes counter set {:?} of slice {}; before 1.35 a device may \
+                         consume only sets of its own slice",
                         c.counter_set,
                         label(j, &slices[j])
                     ));
@@ -303,7 +304,9 @@ mod tests {
         assert_eq!(
             problems,
             [format!(
-                "{s0}: device {name:?}: consumes counter set \"gpu-102-counters\" of slice node-a-mig-slinky-slurm-net-00001; before 1.35 a device may consume only sets of its own slice"
+                "{s0}: device {name:?}: consumes counter set \"gpu-102-counters\" of slice \
+                 node-a-mig-slinky-slurm-net-00001; before 1.35 a device may consume only sets of \
+                 its own slice"
             )]
         );
 
