@@ -5,11 +5,12 @@
 //! `migdra serve` on simulated GPUs.
 //!
 //! What is real: registration through the plugin manager's socket watcher and its gRPC client;
-//! PrepareResources / GetResources / UnprepareResources / UpdateAllocatedResourcesStatus of the
-//! DRA manager with its checkpoint; the health stream; the CDI cache resolving and injecting into
-//! an OCI spec, with the device metadata mount (KEP-5304). What is not: no container runtime (the spec is checked, nothing runs), no pod
-//! workers (the test says when to prepare), the reconcile loop for vanished pods is off, and
-//! `/dev` in the harness is a stub (its own mount namespace) with the NVIDIA nodes a GPU node has.
+//! PrepareResources / GetResources / UnprepareResources / UpdateAllocatedResourcesStatus of the DRA
+//! manager with its checkpoint; the health stream; the CDI cache resolving and injecting into an
+//! OCI spec, with the device metadata mount (KEP-5304). What is not: no container runtime (the spec
+//! is checked, nothing runs), no pod workers (the test says when to prepare), the reconcile loop
+//! for vanished pods is off, and `/dev` in the harness is a stub (its own mount namespace) with the
+//! NVIDIA nodes a GPU node has.
 //!
 //! Run alone: `cargo test --test kubelet_code -- --show-output`.
 
@@ -174,7 +175,9 @@ impl Env {
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": false,
             "resourceClaims": [source],
-            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}]
+            "containers": [{
+                "name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}
+            }]
         });
         if claim.is_some() {
             spec["nodeName"] = json!(NODE);
@@ -211,7 +214,9 @@ impl Env {
         let status = json!({"status": {
             "allocation": {
                 "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}
+                ]}]}
             },
             "reservedFor": [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}]
         }});
@@ -345,7 +350,9 @@ impl Env {
         assert_eq!(instances, [(device.clone(), mig_uuid.clone())], "one instance of {device}, with the status' UUID");
         let metadata = self.metadata_in_spec(pod, &claim, c, data).await;
         println!(
-            "  {pod}: claim {claim_name} → {device}, {} in {} ms; CDI {}; spec: {} nodes (parent /dev/nvidia{parent} 195:{parent}, caps {gi_cap},{ci_cap} on major {SIM_CAPS_MAJOR}), NVIDIA_VISIBLE_DEVICES={mig_uuid}; metadata at {metadata}",
+            "  {pod}: claim {claim_name} → {device}, {} in {} ms; CDI {}; spec: {} nodes (parent \
+             /dev/nvidia{parent} 195:{parent}, caps {gi_cap},{ci_cap} on major {SIM_CAPS_MAJOR}), \
+             NVIDIA_VISIBLE_DEVICES={mig_uuid}; metadata at {metadata}",
             mig_uuid,
             answer["prepare_ms"],
             ids[0],
@@ -424,7 +431,8 @@ async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Daemon, after: u
         let tried: Vec<String> =
             errors[errors.len().saturating_sub(3)..].iter().map(|l| l.chars().take(600).collect()).collect();
         panic!(
-            "{what}: the kubelet's plugin manager did not register {DRIVER} within {REGISTER_TIMEOUT:?}: {}\nits registration errors:\n{}\n{}",
+            "{what}: the kubelet's plugin manager did not register {DRIVER} within \
+             {REGISTER_TIMEOUT:?}: {}\nits registration errors:\n{}\n{}",
             a["error"],
             tried.join("\n"),
             env.diagnostics()
@@ -443,7 +451,8 @@ async fn register(env: &Env, kubelet: &mut KubeletCode, serve: &Daemon, after: u
         "ValidatePlugin came first: {events:?}"
     );
     println!(
-        "  {what}: registered by the plugin manager {} ms after migdra started ({} ms after the kubelet code started); endpoint {}, services {versions:?}",
+        "  {what}: registered by the plugin manager {} ms after migdra started ({} ms after the \
+         kubelet code started); endpoint {}, services {versions:?}",
         ms_between(serve.started, at),
         ms_between(kubelet.spawned, at),
         serve.dra.display()
@@ -604,11 +613,17 @@ async fn registers_prepares_and_survives_restarts(build: Build) {
     assert_eq!(env.prepared(&mut kubelet, "p-tmpl").await, (tmpl_device.clone(), tmpl_uuid.clone()));
     assert!(spec.exists(), "the repeated prepare did not write the deleted spec again");
     println!("  p-tmpl's deleted CDI spec was written again by the repeated prepare; the CDI library resolves it");
-    let wiped = std::fs::read_to_string(&kubelet.log).unwrap().contains("\"Deleted ResourceSlices\"");
-    assert!(wiped, "the kubelet's DRA manager deletes the node's slices at start\n{}", kubelet.log_tail(30));
+    // The wipe runs beside registration, in the background: under load it can come after the
+    // prepare above.
+    eventually("the kubelet's DRA manager deletes the node's slices at start")
+        .within(Duration::from_secs(30))
+        .explain(|| kubelet.log_tail(30))
+        .until(|| std::fs::read_to_string(&kubelet.log).unwrap_or_default().contains("\"Deleted ResourceSlices\""))
+        .await;
     let (_, took) = env.pool(Duration::from_secs(60)).await;
     println!(
-        "  the restarted kubelet deleted the node's ResourceSlices at start (as kubelets do); migdra's pool was complete again {took:.1?} later"
+        "  the restarted kubelet deleted the node's ResourceSlices at start (as kubelets do); \
+         migdra's pool was complete again {took:.1?} later"
     );
     env.create_pod("p-2g", Some("mig-2g-20gb"), None).await;
     env.bound("p-2g").await;
@@ -669,7 +684,9 @@ async fn registers_prepares_and_survives_restarts(build: Build) {
         "calls after the new plugin registered: {through_new}, after the old one stopped: {after_old}"
     );
     println!(
-        "  {} calls (unprepare+prepare of p-2g), none failed: {through_new} after the new plugin registered ({} ms after it started), {after_old} after the old one stopped; old endpoint deregistered at {} ms",
+        "  {} calls (unprepare+prepare of p-2g), none failed: {through_new} after the new plugin \
+         registered ({} ms after it started), {after_old} after the old one stopped; old endpoint \
+         deregistered at {} ms",
         results.len(),
         ms_between(new.started, new_at),
         dereg["ms"]
@@ -734,7 +751,8 @@ async fn health_overlap_and_reboot(build: Build, health_version: &str) {
     let pod_uid = env.pods().get("p-health").await.unwrap().metadata.uid.unwrap();
     assert!(update["pods"].as_array().unwrap().contains(&json!(pod_uid)), "{update}");
     println!(
-        "  XID 48 on the parent GPU: Unhealthy in {:.1?}, message {:?}; the DRA manager asked for a status sync of the pod",
+        "  XID 48 on the parent GPU: Unhealthy in {:.1?}, message {:?}; the DRA manager asked for \
+         a status sync of the pod",
         t.elapsed(),
         sick.2
     );
@@ -900,8 +918,12 @@ async fn kubelet_137_admin_access_sees_the_gpu_and_its_instances() {
     let watched = format!("gpu-{parent}-mig-3g40gb-9-{}", if device.ends_with("-0") { 4 } else { 0 });
     let status = json!({"status": {
         "allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": watched, "adminAccess": true}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+            "devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": watched, "adminAccess": true}
+            ]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}
+            ]}]}
         },
         "reservedFor": [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}]
     }});
