@@ -17,10 +17,14 @@
 //! - [`metrics`]: the Prometheus endpoint of `migdra serve` (off by default).
 //! - [`packing`]: the scheduler's first fit as a model, and the device orders `--device-order`
 //!   publishes (the studies that compare them are in benches/packing/).
+//! - [`cluster`]: what `kubectl migdra usage` and `why` read: the cluster's slices and claims as
+//!   the scheduler sees them, and a CEL evaluator for the selectors the project writes.
 //! - [`cli`]: the `migdra` subcommands.
-//! - [`duration`], [`files`], [`names`]: one parser for durations, durable writes and owned
-//!   directories, and Kubernetes' name rules: the primitives every layer above shares.
+//! - [`causes`], [`duration`], [`files`], [`names`]: errors as one line, one parser for
+//!   durations, durable writes and owned directories, and Kubernetes' name rules: the primitives
+//!   every layer above shares.
 
+pub mod causes;
 pub mod cdi;
 pub mod claims;
 pub mod cli;

@@ -62,7 +62,8 @@ pub const FAMILIES: [Family; 9] = [
         name: "migdra_stale_claims_rolled_back_total",
         kind: "counter",
         labels: &["reason"],
-        help: "Claims left mid-prepare whose instances were released because the API server no longer allocates them to this node, by reason.",
+        help: "Claims left mid-prepare whose instances were released because the API server no \
+               longer allocates them to this node, by reason.",
     },
     Family {
         name: "migdra_checkpoint_writes_total",
@@ -74,7 +75,8 @@ pub const FAMILIES: [Family; 9] = [
         name: "migdra_mig_instances",
         kind: "gauge",
         labels: &["gpu", "profile"],
-        help: "MIG instances held by claims in the checkpoint, by parent GPU (UUID) and profile (every profile of this node's MIG GPUs is listed).",
+        help: "MIG instances held by claims in the checkpoint, by parent GPU (UUID) and profile \
+               (every profile of this node's MIG GPUs is listed).",
     },
     Family {
         name: "migdra_gpu_healthy",
@@ -176,7 +178,8 @@ impl Metrics {
         }
     }
 
-    /// Count one failed claim of `op` (`prepare` or `unprepare`) for `reason` (see [`PrepareError::reason`](crate::prepare::PrepareError::reason)).
+    /// Count one failed claim of `op` (`prepare` or `unprepare`) for `reason` (see
+    /// [`PrepareError::reason`](crate::prepare::PrepareError::reason)).
     pub fn error(&self, op: &'static str, reason: &str) {
         let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         *errors.entry((op, reason.to_string())).or_default() += 1;
@@ -251,7 +254,7 @@ impl Metrics {
         header(&mut out, "migdra_gpu_healthy");
         if let Some(engine) = engine {
             // A failed GPU listing says nothing about any one GPU: no samples, not zeros.
-            let health = crate::kube::inventory::node_health(engine).unwrap_or_default();
+            let health = crate::prepare::node_health(engine).unwrap_or_default();
             for (g, h) in engine.gpus().iter().zip(&health) {
                 let reason = match h.gpu {
                     None => "none".to_string(),

@@ -17,10 +17,6 @@
 
 mod support;
 
-// The packing studies of benches/packing/: their unit tests run here.
-#[path = "../benches/packing/mod.rs"]
-mod study;
-
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
@@ -31,6 +27,7 @@ use migdra::kube::slices::{self, Layout};
 use migdra::kubelet::client::{TestKubelet, Version};
 use migdra::mig::catalog::{self, GpuModel};
 use migdra::mig::counters::{self, Counters};
+use migdra::mig::fit;
 use migdra::mig::naming::DeviceName;
 use migdra::mig::rules::{self, Placed};
 use migdra::packing::allocator::{Dev, Node, Rng};
@@ -555,14 +552,27 @@ fn model_counters(c: &Counters) -> BTreeMap<String, u128> {
     c.iter().map(|(k, &v)| (k.clone(), quantity(&slices::counter_quantity(k, v).0))).collect()
 }
 
-fn fits_server(capacity: &BTreeMap<String, u128>, used: &[&BTreeMap<String, u128>]) -> bool {
-    let mut sum: BTreeMap<&str, u128> = BTreeMap::new();
-    for u in used {
-        for (k, v) in *u {
-            *sum.entry(k).or_default() += v;
-        }
+/// One counter set's amounts, as the crate's pool reads a device.
+struct Uses<'a>(&'a str, &'a BTreeMap<String, u128>);
+
+impl fit::Consumer for Uses<'_> {
+    fn consumes(&self) -> Vec<(&str, &str, Option<u128>)> {
+        self.1.iter().map(|(c, &v)| (self.0, c.as_str(), Some(v))).collect()
     }
-    sum.iter().all(|(k, v)| capacity.get(*k).is_some_and(|c| v <= c))
+}
+
+/// Whether `b` fits beside `a` in the counter set `set` as the server holds it, by the crate's
+/// one rule ([`fit::Pool`]).
+fn fits_server(
+    set: &str,
+    capacity: &BTreeMap<String, u128>,
+    a: &BTreeMap<String, u128>,
+    b: &BTreeMap<String, u128>,
+) -> bool {
+    let counters = capacity.iter().map(|(k, &v)| (k.clone(), Some(v))).collect();
+    let mut pool = fit::Pool::new(BTreeMap::from([(set.to_string(), counters)]));
+    pool.take(&Uses(set, a));
+    pool.fits(&Uses(set, b))
 }
 
 /// Slices as the real API server stored them: the layout of its version, accepted, every counter
@@ -614,7 +624,7 @@ async fn check_slices(cluster: &Cluster) {
         for (i, (a, ua)) in mine.iter().enumerate() {
             for (b, ub) in &mine[i + 1..] {
                 let nvml = rules::admits_set(gpu.model, &[*a, *b]).is_ok();
-                assert_eq!(fits_server(&sets[&set], &[ua, ub]), nvml, "{a:?} with {b:?} on minor {}", gpu.minor);
+                assert_eq!(fits_server(&set, &sets[&set], ua, ub), nvml, "{a:?} with {b:?} on minor {}", gpu.minor);
                 pairs += 1;
             }
         }
@@ -1246,7 +1256,8 @@ async fn churn(args: &[&str], requests: u64) {
                     assert_eq!(
                         got,
                         std::slice::from_ref(want),
-                        "{name}: the packing model predicted {want} from the published order, the scheduler chose {got:?}"
+                        "{name}: the packing model predicted {want} from the published order, the \
+                         scheduler chose {got:?}"
                     );
                     agreed += 1;
                 }
@@ -1362,6 +1373,62 @@ async fn a_server_that_drops_device_taints_is_not_rewritten_in_a_loop() {
     assert!(after.iter().flat_map(|s| s.spec.devices.iter().flatten()).all(|d| d.taints.is_none()));
 }
 
+/// A server that refuses watches (here the chart's ClusterRole without `watch`, as a trimmed role
+/// or a proxy would) gets a list per backoff step from the claim follower and the publisher's
+/// drift watch, never a list loop: the API server's own request counter counts the lists of a
+/// window once both have settled into their waits. The node still publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_watch_lists_again_after_a_backoff_not_in_a_loop() {
+    let _serial = SERIAL.lock().await;
+    let cp = ControlPlane::start_apiserver_only(support::controlplane::bin_dir(), "").await;
+    let client = cp.client().await;
+    create_node(&client, NODE).await;
+    let rbac = repo().join("daemonset/base/rbac.yaml");
+    let mut docs = support::cluster::documents(&rbac);
+    for rule in docs.iter_mut().filter(|d| d["kind"] == "ClusterRole").flat_map(|d| d["rules"].as_array_mut().unwrap())
+    {
+        rule["verbs"].as_array_mut().unwrap().retain(|v| v != "watch");
+    }
+    support::cluster::create_all(&client, "rbac.yaml without watch", docs, NS).await;
+    let node = NodeDir::new().simulate(SPEC).kubeconfig(service_account_kubeconfig(&cp, NODE));
+    // best-fit ranks by what claims hold, so the claim follower runs; a long resync, so that no
+    // periodic check lists in the window.
+    let daemon = node.serve().default_intervals().args(["--resync", "10m", "--device-order", "best-fit"]).spawn();
+    let explain = || format!("{}\n{}", daemon.log_tail(), cp.logs());
+    let (published, _) = pool(&client, NODE, Duration::from_secs(60), explain).await;
+    assert_eq!(slices::validate(&published, Layout::Split), Vec::<String>::new());
+    let lists = || async {
+        let text = client.request_text(http::Request::get("/metrics").body(Vec::new()).unwrap()).await.unwrap();
+        let count = |resource: &str, verb: &str| -> f64 {
+            let labels = [format!("resource=\"{resource}\""), format!("verb=\"{verb}\"")];
+            text.lines()
+                .filter(|l| l.starts_with("apiserver_request_total{") && labels.iter().all(|w| l.contains(w.as_str())))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        (count("resourceclaims", "LIST"), count("resourceslices", "LIST"))
+    };
+    // Both loops are past their first steps (0.1-0.2 s, doubling) by then.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = lists().await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let after = lists().await;
+    let (claims, slices_listed) = (after.0 - before.0, after.1 - before.1);
+    // A refused request never reaches the server's request counter: the daemon's warnings count
+    // the watches it tried.
+    let tried = daemon.log().matches("watching ResourceClaims failed").count();
+    println!(
+        "watches refused: {claims} lists of ResourceClaims and {slices_listed} of ResourceSlices in 30 s; \
+         {tried} claim watches tried since the start"
+    );
+
+    // Waits of at least 3.2 s, then 6.4, 12.8: at most about five steps fit in the window.
+    assert!(claims <= 6.0, "{claims} lists of every ResourceClaim in 30 s: a list loop\n{}", explain());
+    assert!(slices_listed <= 6.0, "{slices_listed} lists of this node's slices in 30 s: a list loop\n{}", explain());
+    assert!(tried >= 2, "the claim follower stopped trying to watch\n{}", explain());
+    assert!(daemon.log().contains("watching ResourceSlices failed"), "{}", explain());
+}
+
 /// The monitoring example's namespace (labelled for admin access).
 const MONITORING_NS: &str = "gpu-monitoring";
 
@@ -1417,7 +1484,9 @@ async fn admin_access_watches_a_gpu_without_touching_its_instances() {
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": false,
             "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpu-monitor"}],
-            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpus"}]}}]
+            "containers": [{
+                "name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpus"}]}
+            }]
         }
     }))
     .unwrap();
@@ -1470,7 +1539,11 @@ async fn admin_access_watches_a_gpu_without_touching_its_instances() {
     let busy: ResourceClaim = serde_json::from_value(json!({
         "metadata": {"name": "monitor-busy", "namespace": MONITORING_NS},
         "spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": "mig", "adminAccess": true,
-            "selectors": [{"cel": {"expression": format!("device.attributes[\"{DRIVER}\"].index == 0 && device.attributes[\"{DRIVER}\"].placementStart == {worker_start} && device.attributes[\"{DRIVER}\"].profile == \"3g.40gb\"")}}]}}]}}
+            "selectors": [{"cel": {"expression": format!(
+                "device.attributes[\"{DRIVER}\"].index == 0 && \
+                 device.attributes[\"{DRIVER}\"].placementStart == {worker_start} && \
+                 device.attributes[\"{DRIVER}\"].profile == \"3g.40gb\""
+            )}}]}}]}}
     }))
     .unwrap();
     claims.create(&PostParams::default(), &busy).await.unwrap();
@@ -1484,7 +1557,8 @@ async fn admin_access_watches_a_gpu_without_touching_its_instances() {
             println!("admin access to the worker's own partition {worker_device}: unschedulable ({m})")
         }
         Outcome::Bound => panic!(
-            "admin access to the worker's own partition {worker_device} was allocated: kubernetes#140729 is fixed in {}; update docs/operating.md and the facts",
+            "admin access to the worker's own partition {worker_device} was allocated: \
+             kubernetes#140729 is fixed in {}; update docs/operating.md and the facts",
             cluster.cp.versions
         ),
     }
@@ -1501,7 +1575,9 @@ async fn admin_access_watches_a_gpu_without_touching_its_instances() {
     // Without the label, the API server refuses admin access (the namespace of the workloads).
     let mut refused: ResourceClaim = serde_json::from_value(json!({
         "metadata": {"name": "sneaky-monitor", "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": "mig", "adminAccess": true}}]}}
+        "spec": {"devices": {"requests": [
+            {"name": "gpu0", "exactly": {"deviceClassName": "mig", "adminAccess": true}}
+        ]}}
     }))
     .unwrap();
     let err = cluster.claims().create(&PostParams::default(), &refused).await.unwrap_err().to_string();
@@ -1780,10 +1856,11 @@ where
 }
 
 /// `--publish fitting --device-order best-fit` raced against the real scheduler's allocations and
-/// the claim controller's releases: waves of pods of every profile created and deleted while
-/// migdra leaves out, brings back and re-ranks partitions after each change. Replayed in the API server's write order, every version of our slices holds every
-/// device then allocated, byte for byte as the full publication has it (counter sets too), and no
-/// two claims ever hold overlapping partitions; devices did leave, and came back.
+/// the claim controller's releases: waves of pods of every profile created and deleted while migdra
+/// leaves out, brings back and re-ranks partitions after each change. Replayed in the API server's
+/// write order, every version of our slices holds every device then allocated, byte for byte as the
+/// full publication has it (counter sets too), and no two claims ever hold overlapping partitions;
+/// devices did leave, and came back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishing_only_what_fits_never_drops_an_allocated_device() {
     let _serial = SERIAL.lock().await;
@@ -1964,7 +2041,9 @@ async fn create_claim(cluster: &Cluster, name: &str, class: &str, selectors: &[S
     let selectors: Vec<Value> = selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect();
     let claim: ResourceClaim = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "selectors": selectors}}]}}
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": class, "selectors": selectors}}
+        ]}}
     }))
     .unwrap();
     cluster.claims().create(&PostParams::default(), &claim).await.unwrap();

@@ -15,9 +15,14 @@ mod counter_proof;
 mod docs;
 #[path = "library/harness.rs"]
 mod harness;
+#[path = "library/layers.rs"]
+mod layers;
 #[path = "library/manifests.rs"]
 mod manifests;
 #[path = "library/prepare.rs"]
 mod prepare;
 #[path = "library/sim_props.rs"]
 mod sim_props;
+// The packing studies of benches/packing/ (pure: the crate's packing model): their unit tests.
+#[path = "../benches/packing/mod.rs"]
+mod study;

@@ -80,7 +80,7 @@ async fn ask(registration: &Path, driver: &str) -> Result<PathBuf, String> {
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", registration.display());
     let channel = client::connect(registration, &client::registration_authority(registration))
         .await
-        .map_err(|e| at(&client::with_causes(&e)))?;
+        .map_err(|e| at(&crate::causes::with_causes(&e)))?;
     let info = RegistrationClient::new(channel)
         .get_info(InfoRequest {})
         .await

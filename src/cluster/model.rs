@@ -5,11 +5,12 @@
 //! model `tests/library/counter_proof.rs` proves equal to what NVML can create.
 
 use super::wire::{self, Attribute, Slice, Taint};
+use crate::mig::fit::{self, Consumer};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Counter amounts in base units, by counter name.
-pub type Amounts = BTreeMap<String, u128>;
+/// Counter amounts in base units, by counter name; `None` for one that cannot be read.
+pub type Amounts = BTreeMap<String, Option<u128>>;
 
 /// A claim by namespace and name, and the pod it is reserved for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -42,6 +43,13 @@ pub struct Device {
     /// What it consumes, by counter set.
     pub consumes: BTreeMap<String, Amounts>,
     pub holder: Option<Holder>,
+}
+
+impl Consumer for Device {
+    fn consumes(&self) -> Vec<(&str, &str, Option<u128>)> {
+        let sets = self.consumes.iter();
+        sets.flat_map(|(set, a)| a.iter().map(move |(c, &v)| (set.as_str(), c.as_str(), v))).collect()
+    }
 }
 
 impl Device {
@@ -107,40 +115,20 @@ impl Gpu {
 pub struct Node {
     pub name: String,
     pub gpus: Vec<Gpu>,
-    /// Each counter set's capacity.
-    pub capacity: BTreeMap<String, Amounts>,
-    /// What the allocated devices consume of each set together.
-    pub used: BTreeMap<String, Amounts>,
+    /// Its counter sets, with what the allocated devices consume of them taken.
+    pub pool: fit::Pool,
 }
 
 impl Node {
-    /// What of `counter` in `set` is left.
-    pub fn left(&self, set: &str, counter: &str) -> u128 {
-        let cap = self.capacity.get(set).and_then(|c| c.get(counter)).copied().unwrap_or(0);
-        let used = self.used.get(set).and_then(|c| c.get(counter)).copied().unwrap_or(0);
-        cap.saturating_sub(used)
-    }
-
-    /// Whether the scheduler could allocate `d` now, with `extra` consumed on top (for a request
-    /// of several devices), taints aside.
-    pub fn fits(&self, d: &Device, extra: &BTreeMap<String, Amounts>) -> bool {
-        d.holder.is_none()
-            && d.consumes.iter().all(|(set, amounts)| {
-                amounts.iter().all(|(c, &need)| {
-                    let more = extra.get(set).and_then(|e| e.get(c)).copied().unwrap_or(0);
-                    self.left(set, c) >= need + more
-                })
-            })
+    /// Whether the scheduler could allocate `d` now, taints aside: not allocated, and its
+    /// counters fit ([`fit::Pool::fits`]).
+    pub fn fits(&self, d: &Device) -> bool {
+        d.holder.is_none() && self.pool.fits(d)
     }
 
     /// The counters `d` needs more of than is left, as `(set, counter)`.
     pub fn short<'a>(&self, d: &'a Device) -> Vec<(&'a str, &'a str)> {
-        d.consumes
-            .iter()
-            .flat_map(|(set, amounts)| amounts.iter().map(move |(c, &need)| (set.as_str(), c.as_str(), need)))
-            .filter(|&(set, c, need)| self.left(set, c) < need)
-            .map(|(set, c, _)| (set, c))
-            .collect()
+        self.pool.short(d)
     }
 
     /// The holders keeping `d` from being allocated: its own, and those of every device consuming
@@ -149,7 +137,7 @@ impl Node {
         let mut out: BTreeSet<Holder> = d.holder.iter().cloned().collect();
         for (set, c) in self.short(d) {
             for other in gpu.devices.iter().filter(|o| o.holder.is_some()) {
-                if other.consumes.get(set).and_then(|a| a.get(c)).is_some_and(|&v| v > 0) {
+                if other.consumes.get(set).and_then(|a| a.get(c)).is_some_and(|&v| v != Some(0)) {
                     out.extend(other.holder.clone());
                 }
             }
@@ -202,16 +190,11 @@ impl Cluster {
                 }
             }
             gpus.sort_by_key(|g| (g.index.unwrap_or(i64::MAX), g.uuid.clone()));
-            let mut used: BTreeMap<String, Amounts> = BTreeMap::new();
+            let mut counters = fit::Pool::new(capacity);
             for d in gpus.iter().flat_map(|g| &g.devices).filter(|d| d.holder.is_some()) {
-                for (set, a) in &d.consumes {
-                    let u = used.entry(set.clone()).or_default();
-                    for (c, v) in a {
-                        *u.entry(c.clone()).or_default() += v;
-                    }
-                }
+                counters.take(d);
             }
-            nodes.push(Node { name: pool, gpus, capacity, used });
+            nodes.push(Node { name: pool, gpus, pool: counters });
         }
         Self { driver: driver.to_string(), nodes }
     }
@@ -262,13 +245,11 @@ fn holders(driver: &str, claims: &[ResourceClaim]) -> BTreeMap<(String, String),
     out
 }
 
-/// Counter amounts read from quantities; one migdra never writes counts as zero, so the scheduler
-/// would refuse it too.
+/// Counter amounts read from quantities; one that cannot be read is `None`, which
+/// [`fit::Pool`] decides on.
 fn amounts(counters: &BTreeMap<String, wire::Value>) -> Amounts {
-    counters
-        .iter()
-        .map(|(k, v)| (k.clone(), v.value.parse::<crate::mig::devices::Quantity>().map_or(u128::MAX, |q| q.base())))
-        .collect()
+    let read = |v: &wire::Value| v.value.parse::<crate::mig::devices::Quantity>().ok().map(|q| q.base());
+    counters.iter().map(|(k, v)| (k.clone(), read(v))).collect()
 }
 
 /// The device, and the GPU it belongs to as far as this device tells.
@@ -435,18 +416,38 @@ mod tests {
         assert_eq!(n.gpus.len(), 2);
         assert_eq!(n.gpus[0].memory_slices, 8);
         let by_name = |g: usize, name: &str| n.gpus[g].devices.iter().find(|d| d.name() == name).unwrap();
-        let none = BTreeMap::new();
         // The other 3g.40gb and the 4g.40gb overlap nothing held… except the 4g starts at 0 and
         // covers 0-3, free: it fits; the 7g covers all and does not.
-        assert!(n.fits(by_name(0, "gpu-0-mig-3g40gb-9-0"), &none));
-        assert!(n.fits(by_name(0, "gpu-0-mig-4g40gb-5-0"), &none));
-        assert!(!n.fits(by_name(0, "gpu-0-mig-7g80gb-0-0"), &none));
-        assert!(!n.fits(by_name(0, "gpu-0-mig-1g10gb-19-5"), &none));
-        assert!(n.fits(by_name(1, "gpu-1-mig-7g80gb-0-0"), &none), "GPU 1 is untouched");
+        assert!(n.fits(by_name(0, "gpu-0-mig-3g40gb-9-0")));
+        assert!(n.fits(by_name(0, "gpu-0-mig-4g40gb-5-0")));
+        assert!(!n.fits(by_name(0, "gpu-0-mig-7g80gb-0-0")));
+        assert!(!n.fits(by_name(0, "gpu-0-mig-1g10gb-19-5")));
+        assert!(n.fits(by_name(1, "gpu-1-mig-7g80gb-0-0")), "GPU 1 is untouched");
         let blockers = n.blockers(&n.gpus[0], by_name(0, "gpu-0-mig-7g80gb-0-0"));
         assert_eq!(blockers.iter().map(|h| h.claim.as_str()).collect::<Vec<_>>(), ["a"]);
         let cells: String = n.gpus[0].slice_holders().iter().map(|h| if h.is_some() { 'x' } else { '.' }).collect();
         assert_eq!(cells, "....xxxx");
+    }
+
+    /// A capacity that cannot be read leaves nothing of its counter, as a counter set the slices
+    /// do not carry does: `why` and `usage` never call such a device free.
+    #[test]
+    fn an_unreadable_capacity_or_a_missing_set_leaves_nothing() {
+        let mut slices = node("node-a", 2);
+        for set in slices.iter_mut().flat_map(|s| &mut s.spec.shared_counters).filter(|c| c.name == "gpu-0-counters") {
+            for v in set.counters.values_mut() {
+                v.value = "lots".into();
+            }
+        }
+        for s in &mut slices {
+            s.spec.shared_counters.retain(|c| c.name != "gpu-1-counters");
+        }
+        let c = Cluster::build(DRIVER, slices, &[]);
+        let n = &c.nodes[0];
+        assert_eq!(n.pool.left("gpu-0-counters", "memory-slice-0"), 0);
+        let mig = n.gpus.iter().flat_map(|g| &g.devices).filter(|d| d.profile.is_some()).collect::<Vec<_>>();
+        assert!(!mig.is_empty());
+        assert!(mig.iter().all(|d| !n.fits(d)), "an unreadable or missing set fits nothing");
     }
 
     #[test]

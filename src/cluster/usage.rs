@@ -126,14 +126,13 @@ fn letter(i: usize) -> char {
 
 fn profiles(cluster: &Cluster) -> Vec<ProfileUsage> {
     let mut rows: BTreeMap<String, (usize, usize, BTreeSet<&str>)> = BTreeMap::new();
-    let none = BTreeMap::new();
     for node in &cluster.nodes {
         for d in node.gpus.iter().flat_map(|g| &g.devices) {
             let name = d.profile.clone().unwrap_or_else(|| WHOLE.to_string());
             let row = rows.entry(name).or_default();
             if d.holder.is_some() {
                 row.0 += 1;
-            } else if node.fits(d, &none) && d.taints().next().is_none() {
+            } else if node.fits(d) && d.taints().next().is_none() {
                 row.1 += 1;
                 row.2.insert(&node.name);
             }

@@ -6,12 +6,13 @@
 //! evaluate exactly is said to be so ([`super::cel`]), never guessed.
 
 use super::cel::{DeviceInput, Selector, Verdict};
-use super::model::{Amounts, Cluster, Device, Gpu, Holder, Node, taint_text};
+use super::model::{Cluster, Device, Gpu, Holder, Node, taint_text};
 use super::wire::Taint;
+use crate::mig::fit;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceToleration, ResourceClaim};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// The attribute slurm-bridge pins a claim to Slurm's GPU with.
 pub const SLURM_PIN: &str = "slurmGpuIndex";
@@ -143,7 +144,18 @@ pub enum Reason {
     /// Enough memory slices are free, but not where a placement of the profile fits: moving
     /// these claims frees `frees`.
     #[serde(rename_all = "camelCase")]
-    Fragmented { node: String, gpu: String, free_slices: Vec<u32>, needs: u32, move_claims: Vec<Holder>, frees: String },
+    Fragmented {
+        node: String,
+        gpu: String,
+        /// The free memory slices, by index.
+        free_slices: Vec<u32>,
+        /// Memory slices the profile needs.
+        needs: u32,
+        /// The claims whose partitions stand in the way.
+        move_claims: Vec<Holder>,
+        /// The placement moving them frees.
+        frees: String,
+    },
     /// The request is pinned to the GPU with this Slurm index; without the pin it would fit here.
     SlurmPin { index: String, elsewhere: Vec<Place> },
     /// Only this many of the devices the request needs fit on one node at once.
@@ -252,7 +264,8 @@ fn claim_why(cluster: &Cluster, slot: &ClaimSlot<'_>, classes: &[DeviceClass]) -
                 allocated: Vec::new(),
                 requests: Vec::new(),
                 notes: vec![format!(
-                    "the claim{from} does not exist yet: the resourceclaim controller creates it; if it stays missing, check that the template exists in the pod's namespace"
+                    "the claim{from} does not exist yet: the resourceclaim controller creates it; \
+                     if it stays missing, check that the template exists in the pod's namespace"
                 )],
             };
         }
@@ -409,7 +422,7 @@ fn scan_fits(cluster: &Cluster, selectors: &[Selector], tolerations: &[DeviceTol
     for &(n, g, d) in &s.matches {
         let node = &cluster.nodes[n];
         let dev = &node.gpus[g].devices[d];
-        if out.len() < 3 && node.fits(dev, &BTreeMap::new()) && tolerated(dev, tolerations) && seen.insert((n, g)) {
+        if out.len() < 3 && node.fits(dev) && tolerated(dev, tolerations) && seen.insert((n, g)) {
             out.push(place(node, g, d));
         }
     }
@@ -432,30 +445,30 @@ fn nothing_matches(cluster: &Cluster, selectors: &[Selector]) -> Reason {
     Reason::NoMatch
 }
 
-/// The scheduler's walk on one node: devices in published order, each taken when it fits beside
-/// those taken before.
+/// The scheduler's walk on one node ([`fit::first_fit`]): devices in published order, each taken
+/// when it is free, tolerated, and fits beside those taken before.
 fn first_fit(
     node: &Node,
     candidates: impl Iterator<Item = (usize, usize)>,
     tolerations: &[DeviceToleration],
     needs: usize,
 ) -> Vec<(usize, usize)> {
-    let mut extra: BTreeMap<String, Amounts> = BTreeMap::new();
-    let mut picked = Vec::new();
-    for (g, d) in candidates {
-        let dev = &node.gpus[g].devices[d];
-        if picked.len() >= needs || !node.fits(dev, &extra) || !tolerated(dev, tolerations) {
-            continue;
-        }
-        for (set, a) in &dev.consumes {
-            let e = extra.entry(set.clone()).or_default();
-            for (c, v) in a {
-                *e.entry(c.clone()).or_default() += v;
-            }
-        }
-        picked.push((g, d));
+    let candidates: Vec<Candidate> =
+        candidates.map(|(g, d)| Candidate { at: (g, d), device: &node.gpus[g].devices[d] }).collect();
+    let accept = |c: &Candidate| c.device.holder.is_none() && tolerated(c.device, tolerations);
+    fit::first_fit(&node.pool, &candidates, needs, accept).into_iter().map(|c| c.at).collect()
+}
+
+/// A device the walk meets, with where it is on its node: (GPU, device).
+struct Candidate<'a> {
+    at: (usize, usize),
+    device: &'a Device,
+}
+
+impl fit::Consumer for Candidate<'_> {
+    fn consumes(&self) -> Vec<(&str, &str, Option<u128>)> {
+        self.device.consumes()
     }
-    picked
 }
 
 /// Why none of `devices` (the GPU's matching ones) can be allocated now.
@@ -470,13 +483,12 @@ fn gpu_reason(
     if gpu.lost(&cluster.driver) {
         return Some(Reason::Lost { node: n, gpu: g });
     }
-    let none = BTreeMap::new();
-    if devices.iter().any(|d| node.fits(d, &none)) {
+    if devices.iter().any(|d| node.fits(d)) {
         // Fits but was not picked: a taint keeps it off, or the request needs more devices
         // than the node holds at once (said by TooFew).
         let taints: BTreeSet<String> = devices
             .iter()
-            .filter(|d| node.fits(d, &none))
+            .filter(|d| node.fits(d))
             .flat_map(|d| d.taints().filter(|t| !tolerates(tolerations, t)).map(taint_text))
             .collect();
         return (!taints.is_empty()).then(|| Reason::Tainted { node: n, gpu: g, taints: taints.into_iter().collect() });
@@ -611,7 +623,8 @@ fn reason_text(r: &Reason) -> String {
         Reason::Fragmented { node, gpu, free_slices, needs, move_claims, frees } => {
             let free: Vec<String> = free_slices.iter().map(u32::to_string).collect();
             format!(
-                "{node} {gpu}: fragmented: memory slices {} are free, {needs} needed in one placement; moving {} frees {frees}",
+                "{node} {gpu}: fragmented: memory slices {} are free, {needs} needed in one \
+                 placement; moving {} frees {frees}",
                 free.join(","),
                 holders_text(move_claims)
             )

@@ -117,28 +117,49 @@ impl Allocations {
 }
 
 /// Keep `into` equal to what the claims of `api` hold of `driver`'s `pool`: list, then watch from
-/// the list's version; list again when the watch's version expires or it breaks, after a
-/// jittered wait when the API server fails. Runs until dropped.
+/// the list's version; list again when the watch breaks. A failed list, and a watch that broke
+/// before it had run for [`HEALTHY`], wait the next backoff step first: a server that refuses or
+/// throttles watches is not paged through the cluster's claims in a loop. Runs until dropped.
 pub async fn follow(api: Api<ResourceClaim>, driver: String, pool: String, into: std::sync::Arc<Allocations>) {
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+    let mut backoff = Backoff::new(Duration::from_millis(200), super::backoff::WATCH_MAX);
     loop {
         let version = match list(&api, &driver, &pool).await {
             Ok((claims, version)) => {
                 into.replace(claims);
-                backoff.reset();
                 version
             }
             Err(e) => {
-                tracing::warn!(error = %super::error_text(&e), "listing ResourceClaims failed; allocated devices unknown until it works");
-                tokio::time::sleep(backoff.next_wait()).await;
+                let wait = backoff.next_wait();
+                tracing::warn!(
+                    error = %super::error_text(&e),
+                    retry_in = ?wait,
+                    "listing ResourceClaims failed; allocated devices unknown until it works"
+                );
+                tokio::time::sleep(wait).await;
                 continue;
             }
         };
-        watch_from(&api, &driver, &pool, &into, version).await;
+        let started = tokio::time::Instant::now();
+        let why = watch_from(&api, &driver, &pool, &into, version).await;
         // Broken: until the next list completes, nothing is known.
         into.forget();
+        if started.elapsed() >= HEALTHY {
+            backoff.reset();
+            tracing::debug!(reason = %why, "watch of ResourceClaims ended; listing again");
+        } else {
+            let wait = backoff.next_wait();
+            tracing::warn!(
+                error = %why,
+                retry_in = ?wait,
+                "watching ResourceClaims failed; listing again after a wait"
+            );
+            tokio::time::sleep(wait).await;
+        }
     }
 }
+
+/// A watch that ran this long was healthy: its end starts the backoff over.
+const HEALTHY: Duration = Duration::from_secs(30);
 
 /// Every claim, a page at a time: the devices each holds, and the list's resourceVersion.
 async fn list(
@@ -164,11 +185,22 @@ async fn list(
 }
 
 /// Apply watch events from `version` until the watch must be listed again: an expired version,
-/// an error, or a broken stream. The server's timeout resumes from the last version seen.
-async fn watch_from(api: &Api<ResourceClaim>, driver: &str, pool: &str, into: &Allocations, mut version: String) {
+/// an error, or a broken stream; returns why, in one line. The server's timeout resumes from the
+/// last version seen.
+async fn watch_from(
+    api: &Api<ResourceClaim>,
+    driver: &str,
+    pool: &str,
+    into: &Allocations,
+    mut version: String,
+) -> String {
     loop {
         let params = WatchParams::default().timeout(290);
-        let Ok(stream) = api.watch(&params, &version).await else { return };
+        let stream = match api.watch(&params, &version).await {
+            Ok(stream) => stream,
+            Err(e) => return super::error_text(&e),
+        };
+        let opened = tokio::time::Instant::now();
         let mut stream = stream.boxed();
         while let Some(event) = stream.next().await {
             let claim = match event {
@@ -179,7 +211,8 @@ async fn watch_from(api: &Api<ResourceClaim>, driver: &str, pool: &str, into: &A
                     continue;
                 }
                 // 410 Gone and every other error: list again.
-                Ok(WatchEvent::Error(_)) | Err(_) => return,
+                Ok(WatchEvent::Error(s)) => return format!("{} ({}, HTTP {})", s.message, s.reason, s.code),
+                Err(e) => return super::error_text(&e),
             };
             let (c, deleted) = claim;
             if let Some(v) = &c.metadata.resource_version {
@@ -188,6 +221,10 @@ async fn watch_from(api: &Api<ResourceClaim>, driver: &str, pool: &str, into: &A
             let Some(uid) = c.metadata.uid.as_deref() else { continue };
             let held = if deleted { Vec::new() } else { held_devices(&c, driver, pool) };
             into.apply(uid, held);
+        }
+        // The server's timeout is 290 s: a stream closed at once is a watch something refuses.
+        if opened.elapsed() < Duration::from_secs(1) {
+            return "the watch ended as soon as it opened".into();
         }
     }
 }

@@ -2,12 +2,17 @@
 //! from the upper half of its step, so that the nodes of a cluster whose API server comes back
 //! do not all retry in the same instant.
 //!
-//! kube-runtime ships a backoff too (and a watcher and an event recorder); migdra does not take
-//! that crate: its watcher keeps a cache of every object and relists on its own schedule, while
-//! the publisher needs only "has anything but my own writes changed since my list", and the
-//! crate's dependency tree would double the Kubernetes part of a cold build on two cores.
+//! kube-runtime's watcher would give the two watches (the publisher's drift watch, the claim
+//! follower) paging, a relist on 410 and a backoff; migdra keeps them by hand on this backoff
+//! instead: the publisher needs only "has anything but my own writes changed since my list" (a
+//! watch from the list's version, nothing kept), the follower only device names, and the crate
+//! would bring its own dependency tree into a cold build on two cores for those two loops.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The cap of the waits before a broken or refused watch is tried again: a node whose watches
+/// the API server refuses falls back to a list every half minute, not a list loop.
+pub const WATCH_MAX: Duration = Duration::from_secs(30);
 
 /// Waits between retries: `first`, doubling to `max`, each jittered into `[step/2, step]`.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use crate::mig::allowlist::Allowlist;
 use crate::mig::counters;
 use crate::mig::devices::{ExistingInstance, GpuIdentity, GpuMode, dynamic_counters, gpu_devices};
 use crate::mig::naming::{DeviceName, NameStyle};
-use crate::mig::taints::{self, Cause, GpuHealth, TaintPolicy};
+use crate::mig::taints::{self, TaintPolicy};
 use crate::packing::policy::{self, DeviceOrder};
 use crate::prepare::{Engine, GpuEntry};
 use std::collections::BTreeSet;
@@ -44,41 +44,6 @@ pub fn existing_instances(backend: &dyn GpuBackend, gpu: &GpuEntry) -> Result<Ve
 pub struct PublishOptions {
     pub order: DeviceOrder,
     pub taints: TaintPolicy,
-}
-
-/// What a backend's reason says, as a taint cause: an XID, or else a lost GPU (the only other
-/// reason either backend gives; NVML gives none for a GPU that stopped answering).
-fn cause(reason: Option<String>) -> Cause {
-    reason.as_deref().and_then(crate::gpu::xid::from_reason).map_or(Cause::Lost, Cause::Xid)
-}
-
-/// Each engine GPU's health, in engine order: the GPU's own (from `gpus()`, where a GPU that is
-/// no longer listed counts as lost) and each unhealthy GPU instance's.
-///
-/// # Errors
-/// NVML fails to list the GPUs.
-pub fn node_health(engine: &Engine) -> Result<Vec<GpuHealth>, GpuError> {
-    let backend = engine.backend();
-    let listed = backend.gpus()?;
-    Ok(engine
-        .gpus()
-        .iter()
-        .map(|g| {
-            let uuid = &g.info.uuid;
-            let healthy = listed.iter().find(|l| l.uuid == *uuid).is_some_and(|l| l.healthy);
-            let gpu = (!healthy).then(|| cause(backend.unhealthy_reason(uuid, None)));
-            let instances = if g.info.mig_enabled && gpu.is_none() {
-                let gis = backend.gpu_instances(uuid).unwrap_or_default();
-                gis.iter()
-                    .filter(|gi| !gi.healthy)
-                    .map(|gi| (gi.profile_id, gi.start, cause(backend.unhealthy_reason(uuid, Some(gi.id)))))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            GpuHealth { gpu, instances }
-        })
-        .collect())
 }
 
 /// One GPU's slice input: dynamic MIG GPUs carry their counter set and devices that consume it,
@@ -152,7 +117,7 @@ pub fn node_gpus_holding(
     let backend = engine.backend();
     let health = match opts.taints {
         TaintPolicy::Off => Vec::new(),
-        TaintPolicy::Taint(_) => node_health(engine)?,
+        TaintPolicy::Taint(_) => crate::prepare::node_health(engine)?,
     };
     let (order, policy) = (opts.order, opts.taints);
     engine

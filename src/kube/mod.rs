@@ -42,7 +42,7 @@ pub fn transient(e: &kube::Error) -> bool {
 pub fn error_text(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({}, HTTP {})", s.message, s.reason, s.code),
-        other => crate::kubelet::client::with_causes(other),
+        other => crate::causes::with_causes(other),
     }
 }
 

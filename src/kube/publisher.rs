@@ -55,7 +55,7 @@ impl PublishError {
     pub fn line(&self) -> String {
         match self {
             Self::Api { op, source } => format!("failed to {op}: {}", super::error_text(source)),
-            other => crate::kubelet::client::with_causes(other),
+            other => crate::causes::with_causes(other),
         }
     }
 }
@@ -271,7 +271,10 @@ impl Publisher {
         let missing: Vec<&String> = held.difference(&names).collect();
         if !missing.is_empty() && self.known.load(std::sync::atomic::Ordering::Relaxed) {
             // A lost GPU, or a name no GPU of this node has: nothing to publish it from.
-            tracing::error!(devices = ?missing, "claims hold devices this node cannot publish: the scheduler no longer counts what they consume");
+            tracing::error!(
+                devices = ?missing,
+                "claims hold devices this node cannot publish: the scheduler no longer counts what they consume"
+            );
         }
         // What this round considered: a held device it could not publish does not start another.
         *self.last_devices.lock().unwrap_or_else(PoisonError::into_inner) = names.union(&held).cloned().collect();
@@ -377,7 +380,9 @@ impl Publisher {
         if !sent.is_subset(all) {
             tracing::error!(
                 slice = want.metadata.name.as_deref().unwrap_or(""),
-                "the API server dropped the device taints of unhealthy GPUs: the DRADeviceTaints feature gate is off (on by default from Kubernetes 1.36); the scheduler still sees those devices as usable"
+                "the API server dropped the device taints of unhealthy GPUs: the DRADeviceTaints \
+                 feature gate is off (on by default from Kubernetes 1.36); the scheduler still \
+                 sees those devices as usable"
             );
         }
         all.extend(sent);
@@ -389,7 +394,7 @@ impl Publisher {
             return None;
         }
         let engine = self.engine.clone();
-        tokio::task::spawn_blocking(move || inventory::node_health(&engine).ok()).await.ok().flatten()
+        tokio::task::spawn_blocking(move || crate::prepare::node_health(&engine).ok()).await.ok().flatten()
     }
 
     /// Returns once health differs from `seen` (never while taints are off).
@@ -412,6 +417,7 @@ impl Publisher {
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut backoff = super::backoff::Backoff::new(Duration::from_millis(200), MAX_BACKOFF);
+        let mut watch_backoff = super::backoff::Backoff::new(Duration::from_millis(200), super::backoff::WATCH_MAX);
         let mut status = PublishStatus::starting(&publish_status::now());
         loop {
             let seen = self.health().await;
@@ -425,7 +431,14 @@ impl Publisher {
             match published {
                 Ok(p) => {
                     if p.created + p.updated + p.deleted > 0 {
-                        tracing::info!(layout = ?p.layout, generation = p.generation, created = p.created, updated = p.updated, deleted = p.deleted, "published ResourceSlices");
+                        tracing::info!(
+                            layout = ?p.layout,
+                            generation = p.generation,
+                            created = p.created,
+                            updated = p.updated,
+                            deleted = p.deleted,
+                            "published ResourceSlices"
+                        );
                     }
                     backoff.reset();
                 }
@@ -446,7 +459,23 @@ impl Publisher {
             let (listed_at, written) = since.unwrap_or_default();
             tokio::select! {
                 () = &mut shutdown => return,
-                () = self.watch_for_drift(listed_at.as_deref(), &written) => {}
+                drift = self.watch_for_drift(listed_at.as_deref(), &written) => match drift {
+                    Drift::Seen => watch_backoff.reset(),
+                    // Refused or broken: look again after a wait, so that a server refusing
+                    // watches gets a list of this node's slices per step, not per second.
+                    Drift::Unwatched(why) => {
+                        let wait = watch_backoff.next_wait();
+                        tracing::warn!(
+                            error = %why,
+                            retry_in = ?wait,
+                            "watching ResourceSlices failed; checking them again after a wait"
+                        );
+                        tokio::select! {
+                            () = &mut shutdown => return,
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                },
                 () = self.held_unpublished() => {
                     tracing::info!("the devices claims hold here changed, or became known: publishing again");
                 }
@@ -508,34 +537,62 @@ impl Publisher {
     }
 
     /// Returns when our slices may have drifted since the list at `listed_at`: a deletion or a
-    /// change that is not one of our own `written` versions, a broken or expired watch, or the
-    /// resync period. Without a list version (none came back) the resync alone decides.
-    async fn watch_for_drift(&self, listed_at: Option<&str>, written: &BTreeSet<String>) {
+    /// change that is not one of our own `written` versions, an expired version, the server's
+    /// timeout, or the resync period ([`Drift::Seen`]); or when the watch was refused or broke
+    /// ([`Drift::Unwatched`]). Without a list version (none came back) the resync alone decides.
+    async fn watch_for_drift(&self, listed_at: Option<&str>, written: &BTreeSet<String>) -> Drift {
         let deadline = tokio::time::sleep(self.resync);
         tokio::pin!(deadline);
-        let Some(from) = listed_at else { return deadline.await };
+        let Some(from) = listed_at else {
+            deadline.await;
+            return Drift::Seen;
+        };
         let (labels, fields) = self.selector();
         let params =
             WatchParams::default().labels(&labels).fields(&fields).timeout(self.resync.as_secs().clamp(1, 290) as u32);
-        let Ok(stream) = self.api().watch(&params, from).await else {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            return;
+        let stream = match self.api().watch(&params, from).await {
+            Ok(stream) => stream,
+            Err(e) => return Drift::Unwatched(super::error_text(&e)),
         };
+        let opened = tokio::time::Instant::now();
         let mut stream = stream.boxed();
         let ours = |s: &ResourceSlice| s.metadata.resource_version.as_ref().is_some_and(|v| written.contains(v));
         loop {
             tokio::select! {
-                () = &mut deadline => return,
+                () = &mut deadline => return Drift::Seen,
                 event = stream.next() => match event {
                     Some(Ok(WatchEvent::Added(s) | WatchEvent::Modified(s))) if ours(&s) => {}
                     Some(Ok(WatchEvent::Bookmark(_))) => {}
-                    // Someone else's change or deletion; or an expired version (410), a broken
-                    // watch, the server's timeout: publish again, which lists anew.
-                    Some(Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_) | WatchEvent::Error(_)) | Err(_)) | None => return,
+                    // A stream closed as soon as it opened is a watch something refuses.
+                    None if opened.elapsed() < WATCH_LIVED => {
+                        return Drift::Unwatched("the watch ended as soon as it opened".into());
+                    }
+                    // Someone else's change or deletion, the server's timeout, or an expired
+                    // version (410): publish again, which lists anew.
+                    Some(Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_))) | None => {
+                        return Drift::Seen;
+                    }
+                    Some(Ok(WatchEvent::Error(s))) if s.code == 410 => return Drift::Seen,
+                    Some(Ok(WatchEvent::Error(s))) => {
+                        return Drift::Unwatched(format!("{} ({}, HTTP {})", s.message, s.reason, s.code));
+                    }
+                    Some(Err(e)) => return Drift::Unwatched(super::error_text(&e)),
                 },
             }
         }
     }
+}
+
+/// A watch stream shorter than this was closed on opening, not by the server's timeout (at
+/// least a second).
+const WATCH_LIVED: Duration = Duration::from_secs(1);
+
+/// How a watch for drift ended.
+enum Drift {
+    /// Something to publish again for: a change, an expiry, the resync period.
+    Seen,
+    /// The watch was refused or broke: why, in one line.
+    Unwatched(String),
 }
 
 /// Whether a published slice already says what we want (labels, owners and spec).

@@ -48,22 +48,6 @@ pub async fn connect(path: &Path, authority: &str) -> Result<Channel, tonic::tra
         .await
 }
 
-/// An error and its causes on one line: tonic's connect error alone says only "transport error",
-/// while the cause (no such file, connection refused) is in its sources.
-pub fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let cause = s.to_string();
-        // io errors wrapped twice print the same words twice.
-        if !text.ends_with(&cause) {
-            text = format!("{text}: {cause}");
-        }
-        source = s.source();
-    }
-    text
-}
-
 /// The DRA API version a call uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
@@ -123,7 +107,7 @@ impl TestKubelet {
     /// # Errors
     /// The socket does not answer.
     pub async fn unregistered(dra_socket: &Path) -> Result<Self, String> {
-        let dra = connect(dra_socket, DRA_AUTHORITY).await.map_err(|e| with_causes(&e))?;
+        let dra = connect(dra_socket, DRA_AUTHORITY).await.map_err(|e| crate::causes::with_causes(&e))?;
         Ok(Self { info: PluginInfo::default(), dra })
     }
 

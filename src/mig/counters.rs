@@ -211,15 +211,14 @@ fn most_disjoint(slices: u32, partitions: &[(&GiProfile, u32)], amount: impl Fn(
 
 /// Whether these consumptions together fit in `capacity` (how the scheduler checks counters).
 pub fn fits<'a>(capacity: &Counters, consumptions: impl IntoIterator<Item = &'a Counters>) -> bool {
-    let mut used = Counters::new();
+    let mut used: BTreeMap<&str, u128> = BTreeMap::new();
     for c in consumptions {
-        for (name, amount) in c {
-            let Some(&cap) = capacity.get(name) else { return false };
-            let u = used.entry(name.clone()).or_default();
-            *u += amount;
-            if *u > cap {
+        for (name, &amount) in c {
+            let u = used.entry(name).or_default();
+            if !super::fit::counter_fits(capacity.get(name).map(|&c| c.into()), *u, Some(amount.into())) {
                 return false;
             }
+            *u += u128::from(amount);
         }
     }
     true

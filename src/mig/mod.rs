@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod counters;
 pub mod devices;
 pub mod discovered;
+pub mod fit;
 mod models;
 pub mod naming;
 mod profile;

@@ -6,6 +6,7 @@
 
 use crate::mig::catalog::GpuModel;
 use crate::mig::counters;
+use crate::mig::fit;
 use crate::mig::rules::{self, Placed};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -168,7 +169,10 @@ impl<'m> Node<'m> {
     /// Whether `p` fits beside a GPU whose allocations consume `used`.
     pub fn fits_beside(&self, used: &[u64], p: Placed) -> bool {
         let Some(c) = self.table.consumption.get(&p) else { return false };
-        used.iter().zip(c).zip(&self.table.capacity).all(|((u, c), cap)| u + c <= *cap)
+        let fits = |((u, c), cap): ((&u64, &u64), &u64)| {
+            fit::counter_fits(Some(u128::from(*cap)), u128::from(*u), Some(u128::from(*c)))
+        };
+        used.iter().zip(c).zip(&self.table.capacity).all(fits)
     }
 
     /// What GPU `g`'s allocations consume, plus `p`.
@@ -247,11 +251,8 @@ pub fn first_fit(
     if order == SliceOrder::Random {
         rng.shuffle(&mut slices);
     }
-    slices
-        .into_iter()
-        .flat_map(|s| published[s].iter())
-        .find(|d| d.placed.profile_id == profile_id && node.fits(**d))
-        .copied()
+    let candidates = slices.into_iter().flat_map(|s| published[s].iter().copied());
+    fit::walk(candidates, 1, |d, _| d.placed.profile_id == profile_id && node.fits(*d)).pop()
 }
 
 #[cfg(test)]

@@ -3,10 +3,9 @@
 //! Order of a dynamic MIG prepare: checkpoint the intent (PrepareStarted) → create the GI at the
 //! allocated placement → create its default CI → read its MIG UUID and capability minors → write
 //! the device metadata files and the CDI spec that mounts them → PrepareCompleted, with the GI and
-//! CI IDs, UUID and minors. Any failure after the
-//! first NVML mutation rolls back inside the same call. Unprepare reverses it: UnprepareStarted →
-//! delete the CDI spec and the metadata files → destroy CI then GI (after checking they are still the ones we made) →
-//! drop the claim.
+//! CI IDs, UUID and minors. Any failure after the first NVML mutation rolls back inside the same
+//! call. Unprepare reverses it: UnprepareStarted → delete the CDI spec and the metadata files →
+//! destroy CI then GI (after checking they are still the ones we made) → drop the claim.
 //!
 //! Durable writes (temp file, fsync, rename, fsync of the directory) set a prepare's latency on a
 //! real disk, so each call makes two: the checkpoint writes that open and close it. Nothing in
@@ -28,18 +27,19 @@
 //! Concurrency: each GPU has its own lock ([`locks`]), so claims on different GPUs run in
 //! parallel; the checkpoint is a locked read-modify-write shared by every plugin process.
 //!
-//! Files: `create` (prepare and its rollback), `admin` (admin access: a spec, no instance), `release` (unprepare), `instances` (the MIG helpers
-//! prepare, unprepare, recovery and cleanup share), `records` (a claim's checkpoint record and the
-//! kubelet's answer from it), `spec` (a claim's CDI spec from its record, and its repair), `step`
-//! (the points tests stop at), `error`, `plan` (an allocation checked against the node),
-//! `recovery`, `cleanup`, `locks`, `bridge_data` (what slurm-bridge reads per device),
-//! `metadata` (each claim's device metadata files, KEP-5304).
+//! Files: `create` (prepare and its rollback), `admin` (admin access: a spec, no instance),
+//! `release` (unprepare), `instances` (the MIG helpers prepare, unprepare, recovery and cleanup
+//! share), `records` (a claim's checkpoint record and the kubelet's answer from it), `spec` (a
+//! claim's CDI spec from its record, and its repair), `step` (the points tests stop at), `error`,
+//! `plan` (an allocation checked against the node), `recovery`, `cleanup`, `locks`, `bridge_data`
+//! (what slurm-bridge reads per device), `metadata` (each claim's device metadata files, KEP-5304).
 
 mod admin;
 mod bridge_data;
 mod cleanup;
 mod create;
 mod error;
+mod health;
 mod instances;
 mod locks;
 mod metadata;
@@ -54,6 +54,7 @@ mod step;
 pub use bridge_data::{DeviceStatusData, Placement, admin_status_data, status_data};
 pub use cleanup::{BrokenSpec, CleanupError, CleanupReport, LostClaim, OrphanInstance, Outcome, StaleSpec};
 pub use error::PrepareError;
+pub use health::node_health;
 pub use recovery::{OrphanAction, OrphanPolicy, RecoveryReport};
 pub use stale::{StaleClaim, StaleReason, Sweep};
 pub use step::{Hook, Step, reached, set_process_hook};

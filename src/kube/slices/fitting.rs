@@ -7,55 +7,43 @@
 //! subset of an exact set of partitions is exact.
 
 use crate::mig::devices::Quantity;
-use k8s_openapi::api::resource::v1::{DeviceCounterConsumption, ResourceSlice};
+use crate::mig::fit::{Consumer, Pool};
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Counter set → counter → amount, in base units.
-type Amounts = BTreeMap<String, BTreeMap<String, u128>>;
 
 fn amount(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Option<u128> {
     q.0.parse::<Quantity>().ok().map(Quantity::base)
 }
 
-fn add(into: &mut Amounts, consumes: &[DeviceCounterConsumption]) {
-    for c in consumes {
-        let set = into.entry(c.counter_set.clone()).or_default();
-        for (name, counter) in &c.counters {
-            *set.entry(name.clone()).or_default() += amount(&counter.value).unwrap_or(0);
-        }
+/// A published device, as [`crate::mig::fit`] reads what it consumes.
+struct Published<'a>(&'a Device);
+
+impl Consumer for Published<'_> {
+    fn consumes(&self) -> Vec<(&str, &str, Option<u128>)> {
+        let sets = self.0.consumes_counters.iter().flatten();
+        sets.flat_map(|c| c.counters.iter().map(move |(n, v)| (c.counter_set.as_str(), n.as_str(), amount(&v.value))))
+            .collect()
     }
 }
 
-/// Leave out of `slices` every device that cannot be allocated beside the devices in `held`:
-/// one of its counters does not fit in what its set has left. Held devices, devices that consume
-/// no counters and devices of counter sets these slices do not carry stay. Returns how many left.
+/// Leave out of `slices` every device that cannot be allocated beside the devices in `held`: one
+/// of its counters does not fit in what its set has left ([`Pool::fits`]; a set these slices do
+/// not carry has nothing left). Held devices and devices that consume no counters stay. Returns
+/// how many left.
 pub fn keep_fitting(slices: &mut [ResourceSlice], held: &BTreeSet<String>) -> usize {
-    let mut capacity = Amounts::new();
+    let mut capacity = BTreeMap::new();
     for set in slices.iter().flat_map(|s| s.spec.shared_counters.iter().flatten()) {
-        let counters = set.counters.iter().map(|(n, c)| (n.clone(), amount(&c.value).unwrap_or(0)));
+        let counters = set.counters.iter().map(|(n, c)| (n.clone(), amount(&c.value)));
         capacity.insert(set.name.clone(), counters.collect());
     }
-    let mut used = Amounts::new();
+    let mut pool = Pool::new(capacity);
     for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).filter(|d| held.contains(&d.name)) {
-        add(&mut used, d.consumes_counters.as_deref().unwrap_or_default());
+        pool.take(&Published(d));
     }
-    let fits = |consumes: &[DeviceCounterConsumption]| {
-        consumes.iter().all(|c| {
-            let Some(cap) = capacity.get(&c.counter_set) else { return true };
-            let taken = used.get(&c.counter_set);
-            c.counters.iter().all(|(name, counter)| {
-                let have = cap.get(name).copied().unwrap_or(0);
-                let taken = taken.and_then(|t| t.get(name)).copied().unwrap_or(0);
-                taken + amount(&counter.value).unwrap_or(u128::MAX) <= have
-            })
-        })
-    };
     let mut left = 0;
     for devices in slices.iter_mut().filter_map(|s| s.spec.devices.as_mut()) {
         let before = devices.len();
-        devices.retain(|d| {
-            held.contains(&d.name) || d.consumes_counters.as_deref().is_none_or(|c| c.is_empty() || fits(c))
-        });
+        devices.retain(|d| held.contains(&d.name) || pool.fits(&Published(d)));
         left += before - devices.len();
     }
     left
@@ -119,5 +107,31 @@ mod tests {
             let mut same = full.clone();
             assert_eq!(keep_fitting(&mut same, &BTreeSet::new()), 0);
         }
+    }
+
+    /// What the API server never lets through is decided by the one rule: a device of a counter
+    /// set no slice carries, or with an amount that cannot be read, cannot be allocated and
+    /// leaves; a held one stays whatever it says.
+    #[test]
+    fn a_missing_counter_set_or_an_unreadable_amount_fits_nowhere() {
+        let gpus = node(&[("h100-80gb", 1, GpuMode::Dynamic)]);
+        let full = build("mig.slinky.slurm.net", "node-a", None, 1, Layout::Split, &gpus).unwrap();
+        let one_g = DeviceName::mig(gpus[0].minor, "1g.10gb", 19, 0).to_string();
+        let (mut orphan, mut unreadable, mut held) = (full.clone(), full.clone(), full.clone());
+        for s in orphan.iter_mut().chain(held.iter_mut()) {
+            s.spec.shared_counters = None;
+        }
+        for d in unreadable.iter_mut().flat_map(|s| s.spec.devices.iter_mut().flatten()).filter(|d| d.name == one_g) {
+            for c in d.consumes_counters.iter_mut().flatten() {
+                for v in c.counters.values_mut() {
+                    v.value.0 = "lots".into();
+                }
+            }
+        }
+        assert!(keep_fitting(&mut orphan, &BTreeSet::new()) > 0);
+        assert!(names(&orphan).iter().all(|n| !n.contains("-mig-")), "{:?}", names(&orphan));
+        assert!(keep_fitting(&mut unreadable, &BTreeSet::new()) == 1 && !names(&unreadable).contains(&one_g));
+        keep_fitting(&mut held, &BTreeSet::from([one_g.clone()]));
+        assert!(names(&held).contains(&one_g));
     }
 }
