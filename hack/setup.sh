@@ -10,12 +10,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 me=hack/setup.sh
 
+# Installed, not merely known to dpkg: a removed package keeps its config ("rc") and dpkg -s
+# still answers for it.
+installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]; }
 missing=()
 for tool in openssl:openssl buildah:buildah pkg-config:pkg-config; do
 	command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 for package in libseccomp-dev containernetworking-plugins busybox-static; do
-	dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+	installed "$package" || missing+=("$package")
 done
 if [[ ${#missing[@]} -gt 0 ]]; then
 	if [[ $(id -u) -ne 0 ]]; then
