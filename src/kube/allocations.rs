@@ -211,7 +211,7 @@ async fn watch_from(
                     continue;
                 }
                 // 410 Gone and every other error: list again.
-                Ok(WatchEvent::Error(s)) => return format!("{} ({}, HTTP {})", s.message, s.reason, s.code),
+                Ok(WatchEvent::Error(s)) => return super::error_text(&kube::Error::Api(s)),
                 Err(e) => return super::error_text(&e),
             };
             let (c, deleted) = claim;
@@ -223,7 +223,7 @@ async fn watch_from(
             into.apply(uid, held);
         }
         // The server's timeout is 290 s: a stream closed at once is a watch something refuses.
-        if opened.elapsed() < Duration::from_secs(1) {
+        if opened.elapsed() < super::backoff::WATCH_LIVED {
             return "the watch ended as soon as it opened".into();
         }
     }

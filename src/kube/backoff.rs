@@ -14,6 +14,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// the API server refuses falls back to a list every half minute, not a list loop.
 pub const WATCH_MAX: Duration = Duration::from_secs(30);
 
+/// A watch stream that ends sooner than this was closed on opening (the server's own timeout is at
+/// least a second): it counts as refused, and waits like one.
+pub const WATCH_LIVED: Duration = Duration::from_secs(1);
+
 /// Waits between retries: `first`, doubling to `max`, each jittered into `[step/2, step]`.
 #[derive(Debug, Clone)]
 pub struct Backoff {

@@ -564,7 +564,7 @@ impl Publisher {
                     Some(Ok(WatchEvent::Added(s) | WatchEvent::Modified(s))) if ours(&s) => {}
                     Some(Ok(WatchEvent::Bookmark(_))) => {}
                     // A stream closed as soon as it opened is a watch something refuses.
-                    None if opened.elapsed() < WATCH_LIVED => {
+                    None if opened.elapsed() < super::backoff::WATCH_LIVED => {
                         return Drift::Unwatched("the watch ended as soon as it opened".into());
                     }
                     // Someone else's change or deletion, the server's timeout, or an expired
@@ -574,7 +574,7 @@ impl Publisher {
                     }
                     Some(Ok(WatchEvent::Error(s))) if s.code == 410 => return Drift::Seen,
                     Some(Ok(WatchEvent::Error(s))) => {
-                        return Drift::Unwatched(format!("{} ({}, HTTP {})", s.message, s.reason, s.code));
+                        return Drift::Unwatched(super::error_text(&kube::Error::Api(s)));
                     }
                     Some(Err(e)) => return Drift::Unwatched(super::error_text(&e)),
                 },
@@ -582,10 +582,6 @@ impl Publisher {
         }
     }
 }
-
-/// A watch stream shorter than this was closed on opening, not by the server's timeout (at
-/// least a second).
-const WATCH_LIVED: Duration = Duration::from_secs(1);
 
 /// How a watch for drift ended.
 enum Drift {
