@@ -417,13 +417,14 @@ fn placed_on<'a>(minor: u32, devices: impl IntoIterator<Item = &'a str>) -> Vec<
 /// GPU and placement order, by the allocator's counter model. The counter model and NVML's rules
 /// must agree on every placement.
 fn first_fit<'a>(gpus: &[Gpu], allocated: impl IntoIterator<Item = &'a str> + Clone, profile: &str) -> Option<String> {
-    let mut found = None;
+    // Every candidate in GPU and placement order, with whether it is free now; the walk is the
+    // crate's (fit::walk). Every placement is checked, so counters and rules are compared on all.
+    let mut candidates: Vec<(String, bool)> = Vec::new();
     for gpu in gpus {
         if profile == WHOLE {
             let name = DeviceName::Gpu { minor: gpu.minor }.to_string();
-            if !gpu.mig && !allocated.clone().into_iter().any(|d| d == name) && found.is_none() {
-                found = Some(name);
-            }
+            let free = !gpu.mig && !allocated.clone().into_iter().any(|d| d == name);
+            candidates.push((name, free));
             continue;
         }
         if !gpu.mig {
@@ -444,12 +445,10 @@ fn first_fit<'a>(gpus: &[Gpu], allocated: impl IntoIterator<Item = &'a str> + Cl
                 by_counters, by_rules,
                 "counters and NVML rules disagree on {profile}@{start} next to {existing:?}"
             );
-            if by_counters && found.is_none() {
-                found = Some(DeviceName::mig(gpu.minor, &p.name, p.id, start).to_string());
-            }
+            candidates.push((DeviceName::mig(gpu.minor, &p.name, p.id, start).to_string(), by_counters));
         }
     }
-    found
+    fit::walk(candidates, 1, |(_, free), _| *free).pop().map(|(name, _)| name)
 }
 
 /// Best placement: could every MIG partition live now, plus one more `profile`, be laid out on
