@@ -664,16 +664,7 @@ async fn the_chart_on_a_real_node() {
     let probe = eventually("the readiness probe's failure on the new pod")
         .within(Duration::from_secs(30))
         .until(|| {
-            let (_, out) = ops.try_kubectl(&[
-                "get",
-                "events",
-                "-n",
-                CHART_NS,
-                "--field-selector",
-                "reason=Unhealthy",
-                "-o",
-                "jsonpath={.items[*].message}",
-            ]);
+            let out = ops.unhealthy();
             if out.contains(&format!("{POD_GATEWAY}:1")) { Ok(out) } else { Err(out) }
         })
         .await;

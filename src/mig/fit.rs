@@ -188,11 +188,7 @@ mod tests {
         let set = "gpu-0-counters";
         for model in catalog::models() {
             let counters = CounterSet::for_model(model);
-            let all: Vec<Placed> = model
-                .profiles
-                .iter()
-                .flat_map(|p| p.placements.iter().map(|&start| Placed { profile_id: p.id, start }))
-                .collect();
+            let all: Vec<Placed> = rules::every_placement(model);
             let consumption = |p: Placed| counters.mig(model.profile(p.profile_id).unwrap(), p.start);
             for first in &all {
                 let mut placed = vec![*first];
@@ -225,11 +221,7 @@ mod tests {
             let model = &catalog::models()[which];
             let counters = CounterSet::for_model(model);
             let set = "gpu-0-counters";
-            let all: Vec<Placed> = model
-                .profiles
-                .iter()
-                .flat_map(|p| p.placements.iter().map(|&start| Placed { profile_id: p.id, start }))
-                .collect();
+            let all: Vec<Placed> = rules::every_placement(model);
             let consumption = |p: Placed| counters.mig(model.profile(p.profile_id).unwrap(), p.start);
             let (mut p, mut placed) = (pool(set, counters.capacity()), Vec::new());
             for offer in offers {

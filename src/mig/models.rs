@@ -806,11 +806,7 @@ mod tests {
                 .iter()
                 .find(|p| p.memory_slices == m.memory_slices && p.media == MediaEngines::Standard && !p.gfx)
                 .unwrap_or_else(|| panic!("{}: no whole-grid profile", m.key));
-            let candidates: Vec<Placed> = m
-                .profiles
-                .iter()
-                .flat_map(|p| p.placements.iter().map(|&start| Placed { profile_id: p.id, start }))
-                .collect();
+            let candidates: Vec<Placed> = rules::every_placement(m);
             let admitted = walk(m, &candidates, 0, [0; 7], &mut Vec::new(), holds(whole));
             assert!(admitted >= candidates.len() as u64, "{}: only {admitted} sets", m.key);
         }

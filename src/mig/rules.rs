@@ -13,6 +13,12 @@ pub struct Placed {
     pub start: u32,
 }
 
+/// Every placement NVML offers on `model`, profile by profile in catalog order.
+pub fn every_placement(model: &GpuModel) -> Vec<Placed> {
+    let profiles = model.profiles.iter();
+    profiles.flat_map(|p| p.placements.iter().map(|&start| Placed { profile_id: p.id, start })).collect()
+}
+
 /// Why NVML would refuse a GPU instance.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum Refusal {

@@ -276,11 +276,7 @@ mod tests {
         let set = counters::CounterSet::for_model(m);
         let cap = set.capacity().clone();
         let mut rng = Rng::new(7);
-        let all: Vec<Placed> = m
-            .profiles
-            .iter()
-            .flat_map(|p| p.placements.iter().map(|&start| Placed { profile_id: p.id, start }))
-            .collect();
+        let all: Vec<Placed> = rules::every_placement(m);
         for _ in 0..300 {
             let mut node = Node::new(m, 1, 1);
             for _ in 0..8 {
