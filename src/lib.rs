@@ -19,7 +19,9 @@
 //!   publishes (the studies that compare them are in benches/packing/).
 //! - [`cluster`]: what `kubectl migdra usage` and `why` read: the cluster's slices and claims as
 //!   the scheduler sees them, and a CEL evaluator for the selectors the project writes.
-//! - [`cli`]: the `migdra` subcommands.
+//! - [`daemon`]: `migdra serve` as a library type: the engine, the kubelet's sockets, the
+//!   publisher and the periodic tasks under one supervisor, from a config until shutdown.
+//! - [`cli`]: the `migdra` subcommands; each turns flags into a call.
 //! - [`causes`], [`duration`], [`files`], [`names`]: errors as one line, one parser for
 //!   durations, durable writes and owned directories, and Kubernetes' name rules: the primitives
 //!   every layer above shares.
@@ -29,6 +31,7 @@ pub mod cdi;
 pub mod claims;
 pub mod cli;
 pub mod cluster;
+pub mod daemon;
 pub mod duration;
 pub mod files;
 pub mod gpu;

@@ -9,10 +9,6 @@
 
 use super::{CliError, CliResult, Global, backend};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-
-/// The request file serve takes: one GPU UUID per line.
-pub const REQUEST_FILE: &str = "health-clear";
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -45,39 +41,15 @@ pub fn run(args: &Args, global: &Global, out: &mut dyn Write) -> CliResult {
     if wanted.is_empty() {
         uuids = found.iter().map(|g| g.uuid.clone()).collect();
     }
-    let path = request_path(&backend::plugin_dir(global));
-    // Requests not yet taken stay: two operators' requests add up.
-    let mut lines: Vec<String> =
-        std::fs::read_to_string(&path).unwrap_or_default().lines().map(str::to_owned).collect();
-    lines.extend(uuids.iter().cloned());
-    lines.sort();
-    lines.dedup();
-    crate::files::write_atomic(&path, (lines.join("\n") + "\n").as_bytes(), 0o600, crate::files::Durability::Atomic)
-        .map_err(|e| CliError::Failed(format!("failed to write {}: {e}", path.display())))?;
+    let dir = backend::plugin_dir(global);
+    crate::daemon::health_request::add(&dir, &uuids).map_err(|e| {
+        let path = crate::daemon::health_request::request_path(&dir);
+        CliError::Failed(format!("failed to write {}: {e}", path.display()))
+    })?;
     writeln!(
         out,
         "asked migdra serve to clear the health of {}; it does so within its --health-interval (see its log)",
         uuids.join(", ")
     )?;
     Ok(())
-}
-
-/// Where the request file is in a plugin directory.
-pub fn request_path(plugin_dir: &Path) -> PathBuf {
-    plugin_dir.join(REQUEST_FILE)
-}
-
-/// Take the request, if there is one: the GPU UUIDs it names. Taken by a rename, so a request
-/// written meanwhile waits for the next look instead of being lost.
-pub fn take_request(plugin_dir: &Path) -> std::io::Result<Option<Vec<String>>> {
-    let path = request_path(plugin_dir);
-    let taken = plugin_dir.join(format!(".{REQUEST_FILE}-taken"));
-    match std::fs::rename(&path, &taken) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let text = std::fs::read_to_string(&taken);
-    let _ = std::fs::remove_file(&taken);
-    Ok(Some(text?.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect()))
 }

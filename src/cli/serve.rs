@@ -1,16 +1,10 @@
-//! `migdra serve`: the daemon. Runs in a fixed, logged order: logging → flags → GPUs and engine →
-//! recovery → publish status reset → DRA socket → registration socket → wait for SIGTERM/SIGINT →
-//! registration socket removed → in-flight calls drained within the grace period → publish
-//! status removed → exit 0. With `--metrics-addr`, Prometheus metrics are served from just before
-//! the DRA socket until shutdown.
+//! `migdra serve`: the node daemon's flags. They become a [`crate::daemon::Config`]; the daemon
+//! ([`crate::daemon::Daemon`]) does the rest, in its logged order, until SIGTERM or SIGINT (a
+//! second one exits at once), then exits 0. Flags are checked, and the kubeconfig read, before
+//! anything is made.
 
 use super::{CliError, CliResult, Global, backend};
-use crate::claims::{ClaimSource, DirSource};
-use crate::kube::claim_status::{StatusReporter, StatusWriter};
-use crate::kube::claims::KubeClaimSource;
-use crate::kube::publish_status::{self, PublishStatus};
-use crate::kube::publisher::Publisher;
-use crate::kubelet::{self, Driver, PluginConfig, PluginState, SocketPaths};
+use crate::daemon::{Claims, Config, Daemon, DaemonError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,280 +110,63 @@ pub fn run(args: &Args, global: &Global) -> CliResult {
         Some(path) => Some((path, read_kubeconfig(path)?)),
         None => None,
     };
-    let engine = Arc::new(backend::engine(global)?);
-    for g in engine.gpus() {
-        let slurm_index = g.slurm.index.map_or_else(|| "none".to_string(), |i| i.to_string());
-        tracing::info!(
-            index = g.info.index,
-            minor = g.info.minor,
-            uuid = %g.info.uuid,
-            model = %g.model.key,
-            mode = g.mode.as_str(),
-            slurm_index,
-            slurm_source = %g.slurm.source,
-            slurm_shards = g.slurm.shards,
-            "GPU"
-        );
-    }
-    let slurm = engine.slurm();
-    tracing::info!(source = %slurm.source, rule = %slurm.rule, "Slurm GPU index");
-    for n in &slurm.notes {
-        if n.warning {
-            tracing::warn!("Slurm GPU index: {}", n.message);
-        } else {
-            tracing::info!("Slurm GPU index: {}", n.message);
-        }
-    }
-    let report = engine.recover().map_err(|e| CliError::Failed(e.to_string()))?;
-    if let Some((moved, reason)) = &report.corrupt {
-        tracing::error!(
-            moved_to = %moved.display(),
-            %reason,
-            rebuilt = report.rebuilt_claims.len(),
-            "CHECKPOINT WAS CORRUPT: moved aside and rebuilt from CDI specs and the hardware"
-        );
-    }
-    if report.boot_changed {
-        tracing::warn!(
-            claims = report.marked_for_recreate.len(),
-            "node rebooted: claims will be re-created on the next prepare"
-        );
-    }
-    for o in &report.orphans {
-        tracing::warn!(
-            gpu = %o.gpu,
-            gi = o.gi_id,
-            profile = o.profile_id,
-            start = o.start,
-            action = ?o.action,
-            "MIG instance no claim explains"
-        );
-    }
-    tracing::info!(checkpoint = report.checkpoint, "recovery done");
-
-    // Before the sockets: a restarted container of this pod must not be ready on its
-    // predecessor's publication (until the sockets answer, the probe fails on them).
-    let plugin_dir = backend::plugin_dir(global);
-    let status_file = publish_status::path(&plugin_dir, args.pod_uid.as_deref());
-    let status = match global.node.claims_dir {
-        Some(_) => PublishStatus::no_api_server(&publish_status::now()),
-        None => PublishStatus::starting(&publish_status::now()),
-    };
-    crate::files::create_dir(&plugin_dir, 0o750)
-        .map_err(|e| e.to_string())
-        .and_then(|()| status.write(&status_file).map_err(|e| e.to_string()))
-        .map_err(|e| CliError::Failed(format!("failed to reset the publish status in --plugin-dir: {e}")))?;
-    let registry_dir = global.node.registry_dir.clone();
-    let paths = SocketPaths::new(&plugin_dir, &registry_dir, &global.node.driver_name, args.pod_uid.as_deref());
-    if let Some(long) = paths.too_long() {
-        return Err(CliError::Usage(format!(
-            "socket path {} is {} bytes, over Linux's {} for a Unix socket: give a shorter \
-             --plugin-dir or --registry-dir (the kubelet's --root-dir)",
-            long.display(),
-            long.as_os_str().len(),
-            crate::kubelet::MAX_SOCKET_PATH
-        )));
-    }
-    let config = PluginConfig {
-        driver: global.node.driver_name.clone(),
-        paths,
-        health: args.health,
-        health_interval: args.health_interval,
-        grace: args.grace,
-        socket_check: args.socket_check,
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("failed to start the runtime: {e}")))?;
-    let layout = match global.node.slice_layout {
-        super::SliceLayoutFlag::Auto => None,
-        super::SliceLayoutFlag::Combined => Some(crate::kube::slices::Layout::Combined),
-        super::SliceLayoutFlag::Split => Some(crate::kube::slices::Layout::Split),
+    let claims = match &global.node.claims_dir {
+        Some(dir) => Claims::Dir(dir.clone()),
+        None => {
+            let (client, server) = runtime.block_on(kube_client(kubeconfig))?;
+            Claims::Api { client, server }
+        }
     };
-    let publisher_status = status_file.clone();
-    let result = runtime.block_on(async move {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let state = Arc::new(PluginState::default());
-        let mut publisher = None;
-        let mut allocations_follower: Option<tokio::task::JoinHandle<()>> = None;
-        let (driver, claims) = match &global.node.claims_dir {
-            Some(dir) => {
-                tracing::info!(dir = %dir.display(), "claims from files; no API server");
-                let claims: Arc<dyn ClaimSource> = Arc::new(DirSource::new(dir));
-                (Driver::new(engine.clone(), claims.clone(), state.clone()), claims)
-            }
-            None => {
-                let (client, server) = kube_client(kubeconfig).await?;
-                tracing::info!(server = %server, "API server");
-                let handle = tokio::runtime::Handle::current();
-                let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaimSource::new(client.clone(), handle.clone()));
-                let writer = StatusWriter::new(client.clone(), &global.node.driver_name, &engine.options().pool);
-                let events = crate::kube::events::Recorder::new(client.clone(), &engine.options().pool);
-                let reporter = Arc::new(StatusReporter::new(writer, handle).with_events(events.clone()));
-                let mut p = Publisher::new(client.clone(), engine.clone(), layout);
-                // What claims hold matters only when a publication can leave a device out (a
-                // profile allowlist, `--publish fitting`) or is ranked by them (best fit).
-                // Otherwise no node lists and watches every claim of the cluster for nothing.
-                let order: crate::packing::DeviceOrder = global.node.device_order.into();
-                if !engine.options().profiles.is_all()
-                    || args.publish == crate::kube::publisher::DeviceSet::Fitting
-                    || order.policy().is_dynamic()
-                {
-                    let allocations = Arc::new(crate::kube::allocations::Allocations::default());
-                    let (driver_name, pool) = (engine.options().driver.clone(), engine.options().pool.clone());
-                    allocations_follower = Some(tokio::spawn(crate::kube::allocations::follow(
-                        kube::Api::all(client),
-                        driver_name,
-                        pool,
-                        allocations.clone(),
-                    )));
-                    p = p.with_allocations(allocations);
-                }
-                let p = p
-                    .with_server(&server)
-                    .with_status_file(publisher_status)
-                    .with_events(events)
-                    .with_device_order(order)
-                    .with_taints(taints, args.health_interval)
-                    .with_resync(args.resync)
-                    .with_device_set(args.publish);
-                publisher = Some(tokio::spawn(p.run(stopped(&stop_rx))));
-                (Driver::new(engine.clone(), claims.clone(), state.clone()).with_reporter(reporter), claims)
-            }
-        };
-        let driver = Arc::new(driver);
-        let health_requests = {
-            let (engine, dir) = (engine.clone(), plugin_dir.clone());
-            tokio::spawn(every(args.health_interval, stopped(&stop_rx), move || {
-                take_health_request(&engine, &dir);
-                std::future::ready(())
-            }))
-        };
-        let sweeper = {
-            let engine = engine.clone();
-            tokio::spawn(every(args.resync, stopped(&stop_rx), move || {
-                sweep_stale_claims(engine.clone(), claims.clone())
-            }))
-        };
-        let metrics = match args.metrics_addr {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                    CliError::Failed(format!("failed to listen on --metrics-addr {addr}: {e}; pick a free port"))
-                })?;
-                let bound = listener.local_addr().map_or_else(|_| addr.to_string(), |a| a.to_string());
-                tracing::info!(addr = %bound, "serving metrics at /metrics");
-                let scraped = engine.clone();
-                Some(tokio::spawn(crate::metrics::serve(
-                    listener,
-                    move || crate::metrics::METRICS.render(Some(&scraped)),
-                    stopped(&stop_rx),
-                )))
-            }
-            None => None,
-        };
-        let shutdown = async move {
-            shutdown_signal().await;
-            let _ = stop_tx.send(true);
-        };
-        let served = kubelet::serve(config, driver, state, shutdown).await;
-        let _ = sweeper.await;
-        let _ = health_requests.await;
-        if let Some(p) = publisher {
-            let _ = p.await;
-        }
-        if let Some(f) = allocations_follower {
-            f.abort();
-        }
-        if let Some(m) = metrics {
-            let _ = m.await;
-        }
-        served.map_err(|e| CliError::Failed(e.to_string()))
-    });
-    // Like the sockets: a deleted pod's file would otherwise stay in the plugin directory, and so
-    // would a daemon's that stopped on an error.
-    let _ = std::fs::remove_file(&status_file);
-    result?;
+    let config = Config {
+        driver: global.node.driver_name.clone(),
+        plugin_dir: backend::plugin_dir(global),
+        registry_dir: global.node.registry_dir.clone(),
+        pod_uid: args.pod_uid.clone(),
+        claims,
+        health: args.health,
+        health_interval: args.health_interval,
+        grace: args.grace,
+        socket_check: args.socket_check,
+        resync: args.resync,
+        layout: match global.node.slice_layout {
+            super::SliceLayoutFlag::Auto => None,
+            super::SliceLayoutFlag::Combined => Some(crate::kube::slices::Layout::Combined),
+            super::SliceLayoutFlag::Split => Some(crate::kube::slices::Layout::Split),
+        },
+        device_set: args.publish,
+        device_order: global.node.device_order.into(),
+        taints,
+        metrics: args.metrics_addr,
+    };
+    let engine = Arc::new(backend::engine(global)?);
+    let daemon = Daemon::start(config, engine).map_err(flag_error)?;
+    runtime.block_on(daemon.run(shutdown_signal())).map_err(flag_error)?;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Resolves once the watch says stop: each background task's end.
-fn stopped(rx: &tokio::sync::watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut rx = rx.clone();
-    async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }
-}
-
-/// Run `tick` every `period` (first after one period) until `stop`.
-async fn every<F: std::future::Future<Output = ()>>(
-    period: Duration,
-    stop: impl std::future::Future<Output = ()>,
-    mut tick: impl FnMut() -> F,
-) {
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(period) => {}
+/// The daemon's errors in the words of the flags that set what failed.
+fn flag_error(e: DaemonError) -> CliError {
+    match e {
+        DaemonError::SocketPathTooLong { path } => CliError::Usage(format!(
+            "socket path {} is {} bytes, over Linux's {} for a Unix socket: give a shorter \
+             --plugin-dir or --registry-dir (the kubelet's --root-dir)",
+            path.display(),
+            path.as_os_str().len(),
+            crate::kubelet::MAX_SOCKET_PATH
+        )),
+        DaemonError::PublishStatus { reason, .. } => {
+            CliError::Failed(format!("failed to reset the publish status in --plugin-dir: {reason}"))
         }
-        tick().await;
-    }
-}
-
-/// Take the operator's `migdra health clear` request, if any, and forget the errors of the GPUs
-/// it names; the health stream and the taints follow on their next look.
-fn take_health_request(engine: &crate::prepare::Engine, plugin_dir: &std::path::Path) {
-    let uuids = match super::health::take_request(plugin_dir) {
-        Ok(Some(uuids)) => uuids,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(error = %e, dir = %plugin_dir.display(), "health clear request unreadable");
-            return;
+        DaemonError::Metrics { addr, source } => {
+            CliError::Failed(format!("failed to listen on --metrics-addr {addr}: {source}; pick a free port"))
         }
-    };
-    for uuid in uuids {
-        match engine.backend().clear_health(&uuid) {
-            Ok(()) => tracing::warn!(gpu = %uuid, "health cleared by the operator (migdra health clear)"),
-            Err(e) => tracing::warn!(gpu = %uuid, error = %e, "health clear request names no GPU of this node"),
-        }
-    }
-}
-
-/// Roll back the claims left mid-prepare that the claim source no longer allocates to this node
-/// ([`Engine::sweep_stale`](crate::prepare::Engine::sweep_stale)). The sweep reads the claim
-/// source with blocking calls, so it runs on a blocking thread.
-async fn sweep_stale_claims(engine: Arc<crate::prepare::Engine>, claims: Arc<dyn ClaimSource>) {
-    let sweep = match tokio::task::spawn_blocking(move || engine.sweep_stale(claims.as_ref())).await {
-        Ok(Ok(sweep)) => sweep,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "stale-claim check skipped");
-            return;
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "stale-claim check failed");
-            return;
-        }
-    };
-    for (claim, e) in &sweep.unknown {
-        tracing::debug!(%claim, error = %e, "claim left mid-prepare kept: its allocation could not be read");
-    }
-    for stale in &sweep.stale {
-        match &stale.rollback {
-            Ok(()) => {
-                crate::metrics::METRICS.stale_rolled_back(stale.reason);
-                tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(),
-                    "claim left mid-prepare is no longer allocated to this node: rolled back, its instances released");
-            }
-            Err(e) => {
-                crate::metrics::METRICS.error("unprepare", &e.reason());
-                tracing::warn!(claim = %stale.claim, reason = stale.reason.as_str(), error = %e,
-                    "claim left mid-prepare is no longer allocated to this node; rolling it back \
-                     failed, the next check retries");
-            }
-        }
+        e => CliError::Failed(e.to_string()),
     }
 }
 

@@ -78,3 +78,25 @@ fn no_two_modules_import_each_other() {
     let primitives = BTreeSet::from(["causes", "duration", "files", "names"].map(String::from));
     assert!(graph["mig"].is_subset(&primitives), "mig/ is the pure domain: {:?}", graph["mig"]);
 }
+
+#[test]
+fn the_daemon_is_wired_in_daemon_not_in_the_cli() {
+    // `migdra serve` turns flags into a daemon::Config and calls daemon::Daemon; the tasks,
+    // servers and the publisher are the daemon's (a CLI function that wires them drifts from
+    // what a test or another program builds).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let serve = fs::read_to_string(root.join("src/cli/serve.rs")).expect("src/cli/serve.rs");
+    assert!(serve.contains("Daemon::start"), "cli/serve.rs no longer starts the daemon");
+    for dir in ["src/cli"] {
+        for entry in fs::read_dir(root.join(dir)).expect("src/cli/").flatten() {
+            let text = fs::read_to_string(entry.path()).unwrap_or_default();
+            for wiring in ["kubelet::serve", "Publisher::new", "metrics::serve", "allocations::follow", "TaskTracker"] {
+                assert!(
+                    !text.contains(wiring),
+                    "{} wires the daemon itself ({wiring}): that is daemon/'s job",
+                    entry.path().display()
+                );
+            }
+        }
+    }
+}
