@@ -34,7 +34,7 @@
 //!       migdra-allowlist-classes,migdra-fitting,migdra-best-fit,whole,nvidia] [--seed N] [--stall 30s]
 //!       [--profile 20s]
 //! DIR is a `hack/build-controlplane.sh` bin directory (it prints it), e.g.
-//! ~/.cache/migdra/controlplane-v1.36.3-etcd-v3.6.8/bin; default: MIGDRA_CONTROLPLANE_BIN.
+//! ~/.cache/migdra/controlplane-v1.36.3-etcd-v3.6.8-<hash>/bin; default: MIGDRA_CONTROLPLANE_BIN.
 //! `--profile 20s` takes a CPU profile of the scheduler for 20 s of each run from its secure port
 //! and prints `go tool pprof -top` of it.
 

@@ -6,19 +6,25 @@
 # `replace` of slurm-client by the archive of the exact commit it pins, and every other module comes
 # from the proxy.
 #
-# The binaries go to a cache outside the repo, keyed by the bridge's commit:
-#   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/slurm-bridge-<commit>/bin/
+# The bridge is built on the Kubernetes of the project's 1.36 control plane
+# (hack/controlplane-1.36/go.mod: v1.36.3, where the bridge pins v1.36.0; a patch release apart):
+# its go.mod gets that module's requires and replaces, so both select the same version of every
+# module they share and the bridge's scheduler reuses the packages the control plane's
+# kube-scheduler compiled (built first, here, when missing). The bridge's own code is unchanged.
+#
+# The binaries go to a cache outside the repo, keyed by the bridge's commit and that go.mod:
+#   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/slurm-bridge-<commit>-k8s-<go.mod hash>/bin/
 # When all three are there the build is skipped. The last line printed is that bin directory;
 # everything else goes to stderr, so `bin=$(hack/build-bridge.sh | tail -n 1)` works.
 #
-# The scheduler is the slow one: about 15 minutes cold on 2 cores (k8s.io/kubernetes v1.36.0, as
-# the bridge pins it); the other two take a minute or two.
+# Alone and cold, the scheduler is about 15 minutes of 2 cores; after the control plane's
+# kube-scheduler it compiles the bridge's own packages and its few libraries the control plane lacks.
 #
 # With --patched it builds the bridge with migdra's patch series applied
 # (hack/slurm-bridge/patches/*.patch, in name order, with `git apply`: the change the bridge needs
 # for the loop of docs/bridge-contract.md, written as an upstream pull request,
 # hack/slurm-bridge/PULL_REQUEST.md), cached apart by the series' hash:
-#   .../slurm-bridge-<commit>+migdra-<hash>/bin/
+#   .../slurm-bridge-<commit>-k8s-<go.mod hash>+migdra-<hash>/bin/
 # and runs the bridge's own unit tests of every package the series touches first; the build
 # stops when they fail. The bridge's controller suites start an API server (controller-runtime's
 # envtest): they get etcd and kube-apiserver from the project's 1.37 control plane
@@ -75,7 +81,9 @@ for arg in "$@"; do
 	esac
 done
 patches=()
-variant=slurm-bridge-$bridge_commit
+# The control plane whose Kubernetes and library versions the bridge is built with (see above).
+kube_mod=$hack/controlplane-1.36
+variant=slurm-bridge-$bridge_commit-k8s-$(sha256sum <"$kube_mod/go.mod" | cut -c1-8)
 if $patched; then
 	patches=("$hack"/slurm-bridge/patches/*.patch)
 	[[ -f ${patches[0]} ]] || die "no patches in $hack/slurm-bridge/patches"
@@ -107,6 +115,25 @@ tar -xzf "$client_tar" -C "$unpacked"
 [[ -f $unpacked/slurm-bridge/go.mod && -f $unpacked/slurm-client/go.mod ]] ||
 	die "the archives do not unpack to slurm-bridge/ and slurm-client/ (in $unpacked)"
 (cd "$unpacked/slurm-bridge" && go mod edit -replace "$client_module=../slurm-client")
+# The control plane's requires and replaces (its Kubernetes, its library versions) onto the bridge's
+# go.mod; versions the bridge's other modules need higher stay higher (Go's minimal version selection).
+mapfile -t pins < <(cd "$kube_mod" && go mod edit -json | awk '
+	/"Require": \[/ { mode = "require" } /"Replace": \[/ { mode = "replace" }
+	/"Old": \{/ { side = "old" } /"New": \{/ { side = "new" }
+	/"Path":/ { gsub(/[",]/, "", $2); if (mode == "replace" && side == "old") old = $2; else path = $2 }
+	/"Version":/ { gsub(/[",]/, "", $2)
+		if (mode == "require") print "-require=" path "@" $2
+		else if (mode == "replace" && side == "new") print "-replace=" old "=" path "@" $2 }')
+[[ ${#pins[@]} -gt 100 ]] || die "read only ${#pins[@]} pins from $kube_mod/go.mod"
+(cd "$unpacked/slurm-bridge" && go mod edit "${pins[@]}")
+# Modules whose packages both schedulers compile, at different versions: each would cost a second
+# compile of everything that imports it (about 15 minutes of a cold CI run), so the build stops and
+# says which to raise in the control plane's go.mod (as its comment says how).
+modules() { go list -deps -f '{{with .Module}}{{.Path}} {{.Version}}{{end}}' "$1" | awk 'NF == 2' | sort -u; }
+differ=$(join <(cd "$kube_mod" && GOFLAGS=-mod=readonly modules k8s.io/kubernetes/cmd/kube-scheduler) \
+	<(cd "$unpacked/slurm-bridge" && modules ./cmd/scheduler) | awk '$2 != $3 { print $1 }' | xargs)
+[[ -z $differ ]] || die "the bridge needs newer versions than ${kube_mod#"$hack/"}/go.mod of: $differ (raise them there with go mod edit -require and go mod tidy)"
+log "every module both schedulers compile is at ${kube_mod#"$hack/"}'s version"
 if [[ ${#patches[@]} -gt 0 ]]; then
 	packages=()
 	for p in "${patches[@]}"; do
@@ -130,6 +157,9 @@ fi
 kube_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$unpacked/slurm-bridge/go.mod")
 log "$variant ($(cat "$unpacked/slurm-bridge/VERSION" 2>/dev/null || echo '?'), k8s.io/kubernetes $kube_version)"
 
+# The control plane's kube-scheduler first: the bridge's scheduler reuses what it compiles.
+env -u GOFLAGS bash "$hack/build-controlplane.sh" "$kube_mod" kube-scheduler >/dev/null ||
+	die "hack/build-controlplane.sh ${kube_mod#"$hack/"} kube-scheduler failed"
 total=$SECONDS
 for c in "${all[@]}"; do
 	[[ -x $bin/$c ]] && { log "$c: already built"; continue; }

@@ -5,7 +5,8 @@
 # fetches it from the module proxy into its module cache.
 #
 # The binaries go to a cache outside the repo:
-#   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/controlplane-<k8s version>-etcd-<etcd version>/bin/
+#   ${MIGDRA_CACHE:-$HOME/.cache/migdra}/controlplane-<k8s version>-etcd-<etcd version>-<hash>/bin/
+# where <hash> is of both modules' go.mod and go.sum: a changed pin builds anew.
 # When all of them are there the build is skipped, so a second run takes a moment.
 # The last line printed is that bin directory; everything else goes to stderr, so
 #   bin=$(hack/build-controlplane.sh hack/controlplane-1.37)
@@ -42,7 +43,8 @@ etcd_version=$(pinned "$etcd_mod/go.mod" go.etcd.io/etcd/server/v3)
 [[ -n $etcd_version ]] || die "no 'require go.etcd.io/etcd/server/v3 vX' line in $etcd_mod/go.mod"
 
 cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
-bin=$cache/controlplane-$kube_version-etcd-$etcd_version/bin
+pins=$(cat "$kube_mod/go.mod" "$kube_mod/go.sum" "$etcd_mod/go.mod" "$etcd_mod/go.sum" | sha256sum | cut -c1-12)
+bin=$cache/controlplane-$kube_version-etcd-$etcd_version-$pins/bin
 all=(kube-apiserver kube-scheduler kube-controller-manager etcd)
 components=("${@:2}")
 [[ ${#components[@]} -gt 0 ]] || components=("${all[@]}")

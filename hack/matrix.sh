@@ -32,7 +32,8 @@ built MIGDRA_NODE_BIN hack/build-node.sh
 # cold). The suite runs on 26.05; hack/test.sh runs the Slurm tests again on 22.05.
 built MIGDRA_SLURM_2605_BIN hack/slurm-2605.sh
 # The real slurm-bridge (tests/node/bridge.rs): its scheduler, controllers and admission from the
-# peers' source archives (hack/build-bridge.sh, cached by commit; about 15 minutes cold).
+# peers' source archives (hack/build-bridge.sh, cached by commit; on the 1.36 control plane's
+# Kubernetes, whose compiled packages it reuses: a minute or two after that control plane).
 # .ci/run builds it in the background and names it before this runs.
 # Without the archives (a machine outside this workplace) the bridge's tests skip, saying so;
 # .ci/run requires them (MIGDRA_REQUIRE_BRIDGE=1).
