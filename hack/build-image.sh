@@ -9,7 +9,7 @@
 #   2. each base: hack/image-rootfs.sh, the same script the Dockerfile runs, per architecture;
 #   3. buildah (Debian's; vfs storage and chroot isolation, under target/image) assembles each
 #      image from scratch with the Dockerfile's ENTRYPOINT and CMD; the amd64 image is written
-#      as an OCI archive (what tests/node.rs imports);
+#      as an OCI archive (what tests/node/ imports);
 #   4. a container of each runs `migdra --version` and `migdra demo --fast` (which starts
 #      `migdra serve` as its child), so no library is missing; arm64 runs under qemu-user
 #      (Debian's qemu-user-static, registered with binfmt_misc here when it is not: that

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds a real Kubernetes node for tests/node.rs and `hack/node-up.sh`: the kubelet binary and
+# Builds a real Kubernetes node for tests/node/ and `hack/node-up.sh`: the kubelet binary and
 # kubectl (Kubernetes' own commands, from the module set of hack/controlplane-1.37, so they share
 # the control plane's Go build cache), containerd with its runc shim and ctr, runc, and crictl.
 # Nothing of their code is in this repo: the go command fetches it from the module proxy.

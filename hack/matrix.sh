@@ -24,7 +24,7 @@ export MIGDRA_CONTROLPLANE_BIN=${MIGDRA_CONTROLPLANE_BIN:-$MIGDRA_CONTROLPLANE_1
 # cold).
 built MIGDRA_KUBELET_137_BIN hack/build-kubelet.sh hack/kubelet-1.37
 built MIGDRA_KUBELET_136_BIN hack/build-kubelet.sh hack/kubelet-1.36
-# tests/node.rs runs a real node: the kubelet binary and kubectl (1.37, from the control plane's
+# tests/node/ runs a real node: the kubelet binary and kubectl (1.37, from the control plane's
 # module set), containerd, runc and crictl; built and cached the same way (about 12 minutes cold).
 built MIGDRA_NODE_BIN hack/build-node.sh
 # Slurm: Debian 12's 22.05 is installed by hack/slurm-deps.sh; 26.05, the release slurm-bridge
@@ -50,7 +50,7 @@ echo "kubelet code:"
 for var in MIGDRA_KUBELET_137_BIN MIGDRA_KUBELET_136_BIN; do
   printf '  %s: %s\n' "$var" "${!var}"
 done
-echo "real node (tests/node.rs): $MIGDRA_NODE_BIN"
+echo "real node (tests/node/): $MIGDRA_NODE_BIN"
 printf '  %s\n' "$("$MIGDRA_NODE_BIN/kubelet" --version)" "containerd $("$MIGDRA_NODE_BIN/containerd" --version | awk '{print $3}')" \
   "$("$MIGDRA_NODE_BIN/runc" --version | head -n 1)" "$("$MIGDRA_NODE_BIN/crictl" --version)" \
   "kubectl $("$MIGDRA_NODE_BIN/kubectl" version --client -o json | awk -F'"' '/gitVersion/ {print $4; exit}')"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Try migdra on a real single-node cluster, with no GPU and no cloud: a 1.37 control plane, the
 # kubelet binary with containerd and runc, and the Helm chart installed on simulated GPUs
-# (h100-80gb:1 and a MIG-off a100-40gb:1) exactly as tests/node.rs installs it. Then use kubectl:
+# (h100-80gb:1 and a MIG-off a100-40gb:1) exactly as tests/node/ installs it. Then use kubectl:
 #   bash hack/node-up.sh                 # builds what is missing (cached), starts, prints how to connect
 #   export KUBECONFIG=/tmp/migdra-node-up/kubeconfig
 #   kubectl get resourceslices

@@ -11,7 +11,7 @@ bash hack/setup.sh
 # once and cached outside the repo; see hack/matrix.sh.
 # shellcheck source=hack/matrix.sh
 source hack/matrix.sh
-# tests/node.rs runs migdra's image on a real node: the one .ci/run built, else build it here.
+# tests/node/ runs migdra's image on a real node: the one .ci/run built, else build it here.
 if [[ -z ${MIGDRA_IMAGE_ARCHIVE:-} ]]; then
   MIGDRA_IMAGE_ARCHIVE=$(bash hack/build-image.sh | tail -n 1)
   export MIGDRA_IMAGE_ARCHIVE
@@ -24,9 +24,9 @@ echo "=== every test, control plane $("$MIGDRA_CONTROLPLANE_BIN/kube-apiserver" 
 # Every test target but the reliability suite and the fuzz targets: hack/reliability.sh runs those
 # once, below, bounded in time and with its table of figures.
 targets=()
-for file in tests/*.rs; do
-  name=$(basename "$file" .rs)
-  [[ $name == fuzz ]] || targets+=(--test "$name")
+for file in tests/*.rs tests/*/main.rs; do
+  name=$(basename "${file%/main.rs}" .rs)
+  [[ $name == fuzz || $name == reliability ]] || targets+=(--test "$name")
 done
 # One after another: the real node and Slurm tests wait on real time, and a test binary running
 # beside them starves their kubelet, containerd and API server (tried: a prepare ran past the

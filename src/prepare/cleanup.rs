@@ -166,6 +166,30 @@ pub struct LostClaim {
     pub outcome: Outcome,
 }
 
+/// A finding of the cleanup about one claim: what `act_on_unchanged` needs of it.
+trait Entry {
+    fn uid(&self) -> &str;
+    fn outcome(&mut self) -> &mut Outcome;
+}
+
+impl Entry for BrokenSpec {
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+    fn outcome(&mut self) -> &mut Outcome {
+        &mut self.outcome
+    }
+}
+
+impl Entry for LostClaim {
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+    fn outcome(&mut self) -> &mut Outcome {
+        &mut self.outcome
+    }
+}
+
 impl Engine {
     /// Find (and unless `dry_run`, fix) orphans, stale CDI specs and lost claims.
     ///
@@ -377,25 +401,11 @@ impl Engine {
         if dry_run || out.is_empty() {
             return out;
         }
-        // Under the checkpoint lock, and only while the claim is still the one we looked at: an
-        // unprepare marks its claim there before it removes the spec.
-        let done = self.store.update(&self.boot_id, |now| {
-            for b in out.iter_mut().filter(|b| b.outcome.error.is_none()) {
-                b.outcome = match now.claims.get(&b.uid) {
-                    Some(c) if Some(c) == cp.claims.get(&b.uid) => match self.repair_files(c) {
-                        Ok(_) => Outcome::planned(false, "", "written again"),
-                        Err(e) => Outcome::failed(e),
-                    },
-                    _ => Outcome::skipped("the daemon changed the claim meanwhile"),
-                };
-            }
-            Ok::<_, std::convert::Infallible>(())
+        // An unprepare marks its claim in the checkpoint before it removes the spec.
+        self.act_on_unchanged(cp, &mut out, |c| match self.repair_files(c) {
+            Ok(_) => Outcome::planned(false, "", "written again"),
+            Err(e) => Outcome::failed(e),
         });
-        if let Err(e) = done {
-            for b in &mut out {
-                b.outcome = Outcome::failed(format!("checkpoint: {e}"));
-            }
-        }
         out
     }
 
@@ -407,6 +417,35 @@ impl Engine {
             path: self.cdi.spec_path(&c.uid).map(|p| p.display().to_string()).unwrap_or_default(),
             problem,
             outcome,
+        }
+    }
+
+    /// Act on each entry not already failed, under the checkpoint lock and only while its claim is
+    /// still the record `cp` holds (else the daemon changed it meanwhile and it is skipped); a
+    /// checkpoint that cannot be written fails them all.
+    fn act_on_unchanged<E: Entry>(
+        &self,
+        cp: &Checkpoint,
+        out: &mut [E],
+        mut act: impl FnMut(&mut ClaimRecord) -> Outcome,
+    ) {
+        let done = self.store.update(&self.boot_id, |now| {
+            for e in out.iter_mut() {
+                if e.outcome().error.is_some() {
+                    continue;
+                }
+                let outcome = match now.claims.get_mut(e.uid()) {
+                    Some(c) if Some(&*c) == cp.claims.get(e.uid()) => act(c),
+                    _ => Outcome::skipped("the daemon changed the claim meanwhile"),
+                };
+                *e.outcome() = outcome;
+            }
+            Ok::<_, std::convert::Infallible>(())
+        });
+        if let Err(e) = done {
+            for x in out.iter_mut() {
+                *x.outcome() = Outcome::failed(format!("checkpoint: {e}"));
+            }
         }
     }
 
@@ -434,29 +473,14 @@ impl Engine {
         if dry_run || out.is_empty() {
             return out;
         }
-        let before: BTreeMap<String, ClaimRecord> =
-            out.iter().filter_map(|l| cp.claims.get(&l.uid).map(|c| (l.uid.clone(), c.clone()))).collect();
-        let done = self.store.update(&self.boot_id, |now| {
-            for l in &mut out {
-                l.outcome = match now.claims.get_mut(&l.uid) {
-                    Some(c) if Some(&*c) == before.get(&l.uid) => {
-                        c.needs_recreate = true;
-                        c.state = ClaimState::PrepareStarted;
-                        for m in c.devices.iter_mut().filter_map(|d| d.mig.as_mut()) {
-                            *m = m.forgotten();
-                        }
-                        Outcome::planned(false, "", "marked for re-creation")
-                    }
-                    _ => Outcome::skipped("the daemon changed the claim meanwhile"),
-                };
+        self.act_on_unchanged(cp, &mut out, |c| {
+            c.needs_recreate = true;
+            c.state = ClaimState::PrepareStarted;
+            for m in c.devices.iter_mut().filter_map(|d| d.mig.as_mut()) {
+                *m = m.forgotten();
             }
-            Ok::<_, std::convert::Infallible>(())
+            Outcome::planned(false, "", "marked for re-creation")
         });
-        if let Err(e) = done {
-            for l in &mut out {
-                l.outcome = Outcome::failed(format!("checkpoint: {e}"));
-            }
-        }
         out
     }
 

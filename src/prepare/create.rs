@@ -249,6 +249,21 @@ impl Engine {
         Ok(self.prepared(&done))
     }
 
+    /// The GPU's lock, for one device of a claim: [`PrepareError::Busy`] when another process
+    /// (the other pod of a rolling update) holds it past the lock timeout.
+    pub(super) fn lock_gpu<'g>(
+        &self,
+        gpu: &'g super::GpuEntry,
+        claim: &ClaimRef,
+        device: &str,
+    ) -> Result<super::locks::GpuGuard<'g>, PrepareError> {
+        gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
+            claim: Box::new(claim.clone()),
+            device: device.into(),
+            source,
+        })
+    }
+
     /// Make one MIG device exist and return its record with IDs, UUID and capability minors; the
     /// caller checkpoints it with the completion.
     pub(super) fn ensure_mig(
@@ -261,11 +276,7 @@ impl Engine {
         let gpu = p.gpu;
         let uuid = gpu.info.uuid.as_str();
         let dev = p.device.as_str();
-        let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
-            claim: Box::new(claim.clone()),
-            device: dev.into(),
-            source,
-        })?;
+        let _guard = self.lock_gpu(gpu, claim, dev)?;
         let gis = nvml(claim, dev, "list GPU instances", || self.backend.gpu_instances(uuid))?;
         let at_placement = gis.iter().find(|g| g.profile_id == m.profile_id && g.start == m.start);
         let mut m = m.clone();

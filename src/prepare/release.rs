@@ -63,11 +63,7 @@ impl Engine {
         let Some(gpu) = self.gpu(&d.gpu_uuid) else { return Ok(()) };
         let uuid = gpu.info.uuid.as_str();
         let dev = d.device.as_str();
-        let _guard = gpu.lock.lock(self.opts.lock_timeout).map_err(|source| PrepareError::Busy {
-            claim: Box::new(claim.clone()),
-            device: dev.into(),
-            source,
-        })?;
+        let _guard = self.lock_gpu(gpu, claim, dev)?;
         let gis = match self.backend.gpu_instances(uuid) {
             Err(e) if e.code() == Some(NvmlCode::NotSupported) => return Ok(()),
             // Fallen off the bus: its instances cannot be reached, and the GPU's reset takes

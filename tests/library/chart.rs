@@ -557,7 +557,10 @@ struct Query {
 }
 
 /// Scan a PromQL expression for what it names: identifiers, `{…}` matchers after a series and
-/// `by`/`without` label lists. Enough for the chart's queries; strings are skipped whole.
+/// `by`/`without` label lists. Enough for the chart's queries; strings are skipped whole. Not
+/// `promql-parser`: this test asks only which series and labels a query names (against the
+/// registry), not whether Prometheus accepts it, and that crate's LR parser generator (grmtools,
+/// compiled by its build script) would join every cold build of this binary for that.
 fn scan_promql(expr: &str) -> Query {
     let b = expr.as_bytes();
     let ident = |i: usize| {

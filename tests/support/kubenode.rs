@@ -26,7 +26,7 @@
 //!   fail the test with the command that builds them; nothing is skipped.
 //! - **One node per machine at a time:** the bridge and the kubelet's cgroups are the host's, and
 //!   a new node first removes what a killed one left (its processes, cgroups), so `hack/node-up.sh`
-//!   and `tests/node.rs` do not run together.
+//!   and `tests/node/` do not run together.
 
 use super::controlplane::{ControlPlane, free_port};
 use std::os::unix::fs::MetadataExt;

@@ -2,10 +2,8 @@
 //! One test binary for the tier, one module per file in `tests/apiserver/`: each binary links the whole
 //! dependency tree, so fewer of them build and link faster.
 
-#[path = "support/mod.rs"]
+#[path = "../support/mod.rs"]
 mod support;
 
-#[path = "apiserver/fake_apiserver.rs"]
 mod fake_apiserver;
-#[path = "apiserver/serve_fake_apiserver.rs"]
 mod serve_fake_apiserver;

@@ -9,8 +9,8 @@
 //! each step starts from what the one before left.
 
 /// The real slurm-bridge beside migdra on this node (tests/node/bridge.rs).
-#[path = "node/bridge.rs"]
 mod bridge;
+#[path = "../support/mod.rs"]
 mod support;
 
 use serde_json::Value;
