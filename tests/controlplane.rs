@@ -1079,8 +1079,10 @@ async fn an_unhealthy_gpu_is_tainted_and_avoided_until_it_recovers() {
     let why = kubectl_migdra_ok(cluster.cp.kubeconfig(), &["why", "t-3g-c", "-n", NS]);
     println!("kubectl migdra why t-3g-c:\n{why}");
     let sick_gpu = cluster.node.minors().iter().position(|m| *m == u64::from(sick)).unwrap();
-    let sick_line =
-        format!("{NODE} GPU {sick_gpu} (slurm {sick_gpu}): free but tainted {DRIVER}/xid=79:NoSchedule, not tolerated");
+    let sick_line = format!(
+        "{NODE} gpu-{sick} (GPU {sick_gpu}, slurm {sick_gpu}): free but tainted {DRIVER}/xid=79:NoSchedule, \
+         not tolerated"
+    );
     assert!(why.contains(&sick_line), "{why}");
     assert!(
         why.contains(": full: 0 of 8 memory slices free, 4 needed; held by team-a/t-3g-a (claim t-3g-a-gpu-"),
@@ -1339,7 +1341,7 @@ fn first_fit_and_best_placement_agree_with_the_rules() {
 /// kube-apiserver with the gate turned off) drops the taints of an unhealthy GPU. migdra says so
 /// and does not send them again, so nothing loops rewriting the slices. (Until ad9ee16 this ran on
 /// a 1.34 server, which also checked the combined layout there; 1.34 is past its end of life
-/// and left the matrix, and the combined layout is checked against tests/apiserver.rs's server.)
+/// and left the matrix, and the combined layout is checked against tests/apiserver/'s server.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_drops_device_taints_is_not_rewritten_in_a_loop() {
     let _serial = SERIAL.lock().await;
@@ -2107,7 +2109,7 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
     let mut fails_plugin_style = false;
     let g = |minor: u32, slurm: i64| {
         format!(
-            "{NODE} GPU {} (slurm {slurm})",
+            "{NODE} gpu-{minor} (GPU {}, slurm {slurm})",
             cluster.node.minors().iter().position(|m| *m == u64::from(minor)).unwrap()
         )
     };

@@ -6,6 +6,7 @@ use super::{CliError, CliResult, Format, Global, output, serve};
 use crate::cluster::model::Cluster;
 use crate::cluster::wire;
 use crate::cluster::{usage, why};
+use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kube::api::{Api, ListParams};
@@ -24,6 +25,66 @@ pub struct WhyArgs {
     namespace: Option<String>,
 }
 
+/// `kubectl migdra`: the plugin's own command line, with only what its two commands read (the
+/// binary is the node daemon too, whose flags mean nothing here).
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl migdra",
+    bin_name = "kubectl migdra",
+    version,
+    about = "The cluster's migdra GPUs, and why a pod is pending (read only)",
+    disable_help_subcommand = true
+)]
+pub struct PluginCli {
+    #[command(subcommand)]
+    command: PluginCommand,
+    #[command(flatten)]
+    flags: Flags,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PluginCommand {
+    /// Every migdra node's GPUs: memory slices with a letter per claim, taints, and per profile
+    /// the placements in use and free now
+    Usage,
+    /// Why a pod (or claim/NAME) is pending: per request, the matching devices and, per GPU, what
+    /// keeps them from it
+    Why(WhyArgs),
+}
+
+/// What `usage` and `why` read besides their arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Flags {
+    /// Output format
+    #[arg(short = 'o', long, global = true, env = "MIGDRA_OUTPUT", value_enum, default_value_t)]
+    pub output: Format,
+    /// DRA driver name
+    #[arg(long, global = true, env = "MIGDRA_DRIVER_NAME", default_value = "mig.slinky.slurm.net")]
+    pub driver_name: String,
+    /// kubeconfig for the API server [default: in-cluster, then ~/.kube/config]
+    #[arg(long, global = true, env = "KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+}
+
+impl Flags {
+    /// The same flags of `migdra usage` and `migdra why`.
+    pub fn of(global: &Global) -> Self {
+        Self {
+            output: global.output,
+            driver_name: global.node.driver_name.clone(),
+            kubeconfig: global.node.kubeconfig.clone(),
+        }
+    }
+}
+
+/// Run `kubectl migdra` with these arguments, writing to `out`.
+pub fn plugin(cli: PluginCli, out: &mut dyn Write) -> CliResult {
+    match cli.command {
+        PluginCommand::Usage => usage(&cli.flags, out),
+        PluginCommand::Why(args) => why(&args, &cli.flags, out),
+    }
+}
+
 /// What the commands read, once.
 struct Snapshot {
     server: String,
@@ -33,11 +94,11 @@ struct Snapshot {
     classes: Vec<DeviceClass>,
 }
 
-pub fn usage(global: &Global, out: &mut dyn Write) -> CliResult {
+pub fn usage(global: &Flags, out: &mut dyn Write) -> CliResult {
     let (snap, _) = read(global, None, None)?;
-    let cluster = Cluster::build(&global.node.driver_name, snap.slices, &snap.claims);
+    let cluster = Cluster::build(&global.driver_name, snap.slices, &snap.claims);
     if cluster.nodes.is_empty() {
-        return Err(no_nodes(&global.node.driver_name, &snap.server));
+        return Err(no_nodes(&global.driver_name, &snap.server));
     }
     let u = usage::usage(&cluster);
     match global.output {
@@ -48,7 +109,7 @@ pub fn usage(global: &Global, out: &mut dyn Write) -> CliResult {
     Ok(())
 }
 
-pub fn why(args: &WhyArgs, global: &Global, out: &mut dyn Write) -> CliResult {
+pub fn why(args: &WhyArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
     let (kind, name) = match args.target.split_once('/') {
         Some(("pod" | "pods" | "po", n)) => (Kind::Pod, n),
         Some(("claim" | "resourceclaim" | "resourceclaims", n)) => (Kind::Claim, n),
@@ -65,7 +126,7 @@ pub fn why(args: &WhyArgs, global: &Global, out: &mut dyn Write) -> CliResult {
     }
     let want = (kind == Kind::Pod).then_some(name);
     let (snap, pod) = read(global, args.namespace.as_deref(), want)?;
-    let driver = &global.node.driver_name;
+    let driver = &global.driver_name;
     let ns = &snap.namespace;
     let find = |claim: &str| {
         snap.claims
@@ -165,13 +226,13 @@ fn no_nodes(driver: &str, server: &str) -> CliError {
 }
 
 /// Slices, claims and classes (and the pod, when asked) from the API server, read concurrently.
-fn read(global: &Global, namespace: Option<&str>, pod: Option<&str>) -> Result<(Snapshot, Option<Pod>), CliError> {
+fn read(global: &Flags, namespace: Option<&str>, pod: Option<&str>) -> Result<(Snapshot, Option<Pod>), CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::Failed(format!("failed to start the runtime: {e}")))?;
     runtime.block_on(async {
-        let kubeconfig = match &global.node.kubeconfig {
+        let kubeconfig = match &global.kubeconfig {
             Some(path) => Some((path.as_path(), serve::read_kubeconfig(path)?)),
             None => None,
         };
@@ -255,10 +316,10 @@ fn picture(u: &usage::Usage, out: &mut dyn Write) -> std::io::Result<()> {
             let mig = if g.mig { "" } else { "  MIG off (one whole GPU)" };
             writeln!(
                 out,
-                "  GPU {}  slurm {}  minor {}  {}  {}{mig}{marks}",
+                "  gpu-{}  GPU {}  slurm {}  {}  {}{mig}{marks}",
+                num(g.minor),
                 num(g.index),
                 num(g.slurm_gpu_index),
-                num(g.minor),
                 g.product,
                 g.uuid
             )?;

@@ -328,22 +328,37 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Health(args) => health::run(&args, &cli.global, out),
         Command::Probe(args) => probe::run(&args, &cli.global, out),
         Command::Demo(args) => demo::run(&args, out),
-        Command::Usage => cluster::usage(&cli.global, out),
-        Command::Why(args) => cluster::why(&args, &cli.global, out),
+        Command::Usage => cluster::usage(&cluster::Flags::of(&cli.global), out),
+        Command::Why(args) => cluster::why(&args, &cluster::Flags::of(&cli.global), out),
     }
+}
+
+/// clap's own message (help and version too, on stdout): exit 2 for bad input, else 0.
+fn parse_failed(e: &clap::Error) -> ExitCode {
+    let _ = e.print();
+    if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS }
 }
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+    // Linked as `kubectl-migdra`, the binary is a kubectl plugin with a command line of its own.
+    let plugin = std::env::args_os()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().starts_with("kubectl-migdra")))
+        .unwrap_or(false);
+    let mut stdout = std::io::stdout().lock();
+    let result = if plugin {
+        match cluster::PluginCli::try_parse() {
+            Ok(cli) => cluster::plugin(cli, &mut stdout),
+            Err(e) => return parse_failed(&e),
+        }
+    } else {
+        match Cli::try_parse() {
+            Ok(cli) => run(cli, &mut stdout),
+            Err(e) => return parse_failed(&e),
         }
     };
-    let mut stdout = std::io::stdout().lock();
-    match run(cli, &mut stdout) {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             output::error_line(&e.to_string());

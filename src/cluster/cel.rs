@@ -2,13 +2,19 @@
 //!
 //! The subset: `device.driver`; `device.attributes[D].name`, `device.attributes[D]["name"]` and the
 //! same for `device.capacity`; `has(device.attributes[D].name)` and `"name" in device.attributes[D]`;
-//! `quantity("…")` with `.compareTo()`, `.isGreaterThan()` and `.isLessThan()`; `x in [..]`; `!`,
+//! `quantity("…")` with `.compareTo()`, `.isGreaterThan()` and `.isLessThan()`; strings'
+//! `.contains()`, `.startsWith()` and `.endsWith()`; `x in [..]`; `!`,
 //! `&&`, `||`, `==`, `!=`, `<`, `<=`, `>`, `>=`; bool, int and string literals. Values follow
 //! cel-go as Kubernetes runs it: a missing domain is an empty map (so a missing attribute is
 //! `no such key`), `==` between an attribute and a value of another type is false (heterogeneous
 //! equality), ordering across types is an error. Anything else (other functions, macros, arithmetic,
 //! `?:`, version attributes, quantities our [`Quantity`] refuses) is reported as
 //! [`Verdict::Unknown`] naming the construct, never guessed.
+//!
+//! Parsed by hand, not with the `cel` crate: its parser is ANTLR-generated and comes with the crate's
+//! whole interpreter and the antlr4rust runtime, for the small grammar above; migdra's evaluator
+//! would keep its own rules (exact or unknown) on that AST either way. When the subset grows toward
+//! CEL's string and list functions, that parser is the better base.
 
 use super::wire::{Attribute, Value as Amount};
 use crate::mig::devices::Quantity;
@@ -78,13 +84,19 @@ impl Selector {
     }
 
     /// The literal a top-level `&&` conjunct of the form `device.attributes[D].name == <literal>`
-    /// (either operand order) compares attribute `name` with, as text (strings without quotes, ints
-    /// in decimal); e.g. `pinned("profile") == Some("3g.40gb")`,
-    /// `pinned("slurmGpuIndex") == Some("3")`.
+    /// (either operand order) or `device.attributes[D].name in [<literal>]` (a list of one: the same
+    /// pin) compares attribute `name` with, as text (strings without quotes, ints in decimal); e.g.
+    /// `pinned("profile") == Some("3g.40gb")`, `pinned("slurmGpuIndex") == Some("3")`.
     pub fn pinned(&self, name: &str) -> Option<String> {
         let parts = match self.ast.as_ref().ok()? {
             Expr::And(parts) => parts.iter().map(|(e, _)| e).collect(),
             e => vec![e],
+        };
+        let text = |v: &Val| match v {
+            Val::Str(s) => Some(s.clone()),
+            Val::Int(i) => Some(i.to_string()),
+            Val::Bool(b) => Some(b.to_string()),
+            _ => None,
         };
         parts.into_iter().find_map(|e| match e {
             Expr::Cmp("==", a, b) => match (&**a, &**b) {
@@ -92,13 +104,15 @@ impl Selector {
                 | (Expr::Lit(v), Expr::Lookup(Map::Attributes, _, n))
                     if n == name =>
                 {
-                    match v {
-                        Val::Str(s) => Some(s.clone()),
-                        Val::Int(i) => Some(i.to_string()),
-                        Val::Bool(b) => Some(b.to_string()),
-                        _ => None,
-                    }
+                    text(v)
                 }
+                _ => None,
+            },
+            Expr::In(a, b) => match (&**a, &**b) {
+                (Expr::Lookup(Map::Attributes, _, n), Expr::List(items)) if n == name => match items.as_slice() {
+                    [Expr::Lit(v)] => text(v),
+                    _ => None,
+                },
                 _ => None,
             },
             _ => None,
@@ -114,7 +128,9 @@ enum Map {
 }
 
 /// The methods of Kubernetes' quantity library this module evaluates.
-const METHODS: [&str; 3] = ["compareTo", "isGreaterThan", "isLessThan"];
+/// Quantity's comparisons, and CEL's string tests (a selector of the project's own examples reads
+/// `profile.contains("+")`).
+const METHODS: [&str; 6] = ["compareTo", "isGreaterThan", "isLessThan", "contains", "startsWith", "endsWith"];
 
 #[derive(Debug, Clone, PartialEq)]
 enum Expr {
@@ -560,13 +576,14 @@ fn value(e: &Expr, d: &DeviceInput<'_>) -> Eval {
             }
             (needle, other) => Err(no_overload("@in", &needle, &other)),
         },
-        Expr::Method(method, a, b) => match (value(a, d)?, value(b, d)?) {
-            (Val::Quantity(x), Val::Quantity(y)) => Ok(match *method {
-                "compareTo" => Val::Int(x.cmp(&y) as i64),
-                "isGreaterThan" => Val::Bool(x > y),
-                _ => Val::Bool(x < y),
-            }),
-            (x, y) => Err(no_overload(method, &x, &y)),
+        Expr::Method(method, a, b) => match (*method, value(a, d)?, value(b, d)?) {
+            ("compareTo", Val::Quantity(x), Val::Quantity(y)) => Ok(Val::Int(x.cmp(&y) as i64)),
+            ("isGreaterThan", Val::Quantity(x), Val::Quantity(y)) => Ok(Val::Bool(x > y)),
+            ("isLessThan", Val::Quantity(x), Val::Quantity(y)) => Ok(Val::Bool(x < y)),
+            ("contains", Val::Str(x), Val::Str(y)) => Ok(Val::Bool(x.contains(y.as_str()))),
+            ("startsWith", Val::Str(x), Val::Str(y)) => Ok(Val::Bool(x.starts_with(y.as_str()))),
+            ("endsWith", Val::Str(x), Val::Str(y)) => Ok(Val::Bool(x.ends_with(y.as_str()))),
+            (_, x, y) => Err(no_overload(method, &x, &y)),
         },
     }
 }
@@ -692,6 +709,21 @@ mod tests {
         );
     }
 
+    /// The string tests, as the `notebook-1g` claim template writes one: no extras.
+    #[test]
+    fn strings() {
+        let (plain, extra) = (mig("1g.10gb", 1, "9856Mi"), mig("1g.10gb+me", 1, "9856Mi"));
+        let d = r#"device.attributes["mig.slinky.slurm.net"]"#;
+        let no_extras = format!(r#"!{d}.profile.contains("+")"#);
+        assert_eq!((plain.eval(&no_extras), extra.eval(&no_extras)), (Match, NoMatch));
+        let starts = format!(r#"{d}.profile.startsWith("1g.")"#);
+        assert_eq!((plain.eval(&starts), mig("3g.40gb", 1, "1").eval(&starts)), (Match, NoMatch));
+        let ends = format!(r#"{d}.profile.endsWith("+me")"#);
+        assert_eq!((extra.eval(&ends), plain.eval(&ends)), (Match, NoMatch));
+        // An int has no .contains(): an error, as cel-go reports it.
+        assert!(err(plain.eval(&format!(r#"{d}.slurmGpuIndex.contains("1")"#))).contains("contains"));
+    }
+
     #[test]
     fn quantities() {
         let (m3, m1, full) = (mig("3g.40gb", 1, "40192Mi"), mig("1g.10gb", 1, "9856Mi"), mig("7g.80gb", 1, "81152Mi"));
@@ -701,6 +733,7 @@ mod tests {
         let above = r#"device.capacity["mig.slinky.slurm.net"].memory.isGreaterThan(quantity("10Gi"))"#;
         assert_eq!((m3.eval(above), m1.eval(above)), (Match, NoMatch));
         let below = r#"device.capacity["mig.slinky.slurm.net"].memory.isLessThan(quantity("20Gi"))"#;
+        assert!(err(m1.eval(&below.replace("isLessThan", "contains"))).contains("contains"), "no quantity overload");
         assert_eq!((m1.eval(below), m3.eval(below)), (Match, NoMatch));
         let sms = r#"device.capacity["mig.slinky.slurm.net"].multiprocessors == quantity("60")"#;
         assert_eq!((m3.eval(sms), m3.eval(&sms.replace("60", "61"))), (Match, NoMatch));
@@ -837,6 +870,10 @@ mod tests {
         assert_eq!(sel.pinned("profile").as_deref(), Some("3g.40gb"));
         assert_eq!(sel.pinned("slurmGpuIndex").as_deref(), Some("3"));
         assert_eq!(sel.pinned("type"), None);
+        // A list of one is the same pin; of two, no single GPU.
+        let listed = |list: &str| Selector::parse(&format!("{d}.slurmGpuIndex in {list}")).pinned("slurmGpuIndex");
+        assert_eq!(listed("[3]").as_deref(), Some("3"));
+        assert_eq!(listed("[3, 4]"), None);
         let free = sel.without_attribute("slurmGpuIndex").unwrap();
         assert_eq!(free.expression(), format!(r#"device.driver == "{MIG}" && {d}.profile == "3g.40gb""#));
         let gpu1 = mig("3g.40gb", 1, "40192Mi");

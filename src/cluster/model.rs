@@ -78,10 +78,12 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// `GPU 0 (slurm 0)`: how the outputs name it.
+    /// `gpu-1 (GPU 0, slurm 0)`: how the outputs name it. First the name its devices start with
+    /// (the minor, as in `kubectl get resourceclaim -o yaml`), then its NVML index (nvidia-smi's)
+    /// and its Slurm index.
     pub fn label(&self) -> String {
         let n = |v: Option<i64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
-        format!("GPU {} (slurm {})", n(self.index), n(self.slurm_index))
+        format!("gpu-{} (GPU {}, slurm {})", n(self.minor), n(self.index), n(self.slurm_index))
     }
 
     /// Every distinct taint on its devices, as `key=value:effect`.

@@ -105,8 +105,15 @@ pub struct RequestWhy {
     pub count: String,
     pub matching_devices: usize,
     pub matching_nodes: usize,
+    /// Devices whose match the selectors leave open (a construct the evaluator does not decide):
+    /// with any, `matching_devices` is a lower bound.
+    pub undecided_devices: usize,
     /// Where it could be allocated now.
     pub fits: Vec<Place>,
+    /// `fits` holds for this request alone: no node takes it together with the pod's (or the
+    /// claim's) other pending requests.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub alone: bool,
     pub reasons: Vec<Reason>,
 }
 
@@ -178,7 +185,12 @@ pub fn why(cluster: &Cluster, pod: Option<&Pod>, claims: &[ClaimSlot<'_>], class
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
         .and_then(|c| c.message.clone());
-    let claims = claims.iter().map(|slot| claim_why(cluster, slot, classes)).collect();
+    let (mut claims, wanted): (Vec<ClaimWhy>, Vec<Vec<Wanted<'_>>>) =
+        claims.iter().map(|slot| claim_why(cluster, slot, classes)).unzip();
+    let wanted: Vec<Wanted<'_>> = wanted.into_iter().flatten().collect();
+    if wanted.len() > 1 {
+        notes.extend(together(cluster, &wanted, &mut claims));
+    }
     let pod = pod.map(|p| {
         format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
     });
@@ -207,6 +219,8 @@ pub fn is_for_driver(driver: &str, claim: &ResourceClaim, classes: &[DeviceClass
 /// A request or sub-request, flattened.
 struct Request<'a> {
     name: String,
+    /// The request it belongs to: itself, or the one whose `firstAvailable` lists it.
+    group: &'a str,
     class: &'a str,
     selectors: Vec<&'a str>,
     mode_all: bool,
@@ -221,6 +235,7 @@ fn requests(claim: &ResourceClaim) -> Vec<Request<'_>> {
         if let Some(e) = &r.exactly {
             out.push(Request {
                 name: r.name.clone(),
+                group: &r.name,
                 class: &e.device_class_name,
                 selectors: sel_exprs(&e.selectors),
                 mode_all: e.allocation_mode.as_deref() == Some("All"),
@@ -231,6 +246,7 @@ fn requests(claim: &ResourceClaim) -> Vec<Request<'_>> {
         for s in r.first_available.iter().flatten() {
             out.push(Request {
                 name: format!("{}/{}", r.name, s.name),
+                group: &r.name,
                 class: &s.device_class_name,
                 selectors: sel_exprs(&s.selectors),
                 mode_all: s.allocation_mode.as_deref() == Some("All"),
@@ -253,13 +269,13 @@ fn expressions<'a>(class: &'a DeviceClass, r: &Request<'a>) -> Vec<&'a str> {
     all
 }
 
-fn claim_why(cluster: &Cluster, slot: &ClaimSlot<'_>, classes: &[DeviceClass]) -> ClaimWhy {
+fn claim_why<'s>(cluster: &Cluster, slot: &'s ClaimSlot<'_>, classes: &[DeviceClass]) -> (ClaimWhy, Vec<Wanted<'s>>) {
     let claim = match slot {
         ClaimSlot::Found(c) => *c,
         ClaimSlot::Extended(c) => c,
         ClaimSlot::Missing { name, template } => {
             let from = template.as_deref().map_or_else(String::new, |t| format!(" from template {t}"));
-            return ClaimWhy {
+            let why = ClaimWhy {
                 claim: name.clone(),
                 allocated: Vec::new(),
                 requests: Vec::new(),
@@ -268,6 +284,7 @@ fn claim_why(cluster: &Cluster, slot: &ClaimSlot<'_>, classes: &[DeviceClass]) -
                      if it stays missing, check that the template exists in the pod's namespace"
                 )],
             };
+            return (why, Vec::new());
         }
     };
     let name = format!(
@@ -285,7 +302,7 @@ fn claim_why(cluster: &Cluster, slot: &ClaimSlot<'_>, classes: &[DeviceClass]) -
     let mut notes = Vec::new();
     if !allocated.is_empty() {
         notes.push("allocated: this claim keeps nothing pending".into());
-        return ClaimWhy { claim: name, allocated, requests: Vec::new(), notes };
+        return (ClaimWhy { claim: name, allocated, requests: Vec::new(), notes }, Vec::new());
     }
     if claim
         .spec
@@ -296,14 +313,24 @@ fn claim_why(cluster: &Cluster, slot: &ClaimSlot<'_>, classes: &[DeviceClass]) -
     {
         notes.push("the claim's constraints (matchAttribute across requests) are not evaluated here".into());
     }
-    let requests = requests(claim).iter().map(|r| request_why(cluster, r, classes)).collect();
-    ClaimWhy { claim: name, allocated, requests, notes }
+    let mut wanted: Vec<Wanted<'s>> = Vec::new();
+    let mut whys = Vec::new();
+    for r in requests(claim) {
+        let (why, matches) = request_why(cluster, &r, classes);
+        whys.push(why);
+        let alternative = Alternative { matches, all: r.mode_all, count: r.count, tolerations: r.tolerations };
+        match wanted.last_mut() {
+            Some(w) if w.group == r.group => w.alternatives.push(alternative),
+            _ => wanted.push(Wanted { group: r.group, alternatives: vec![alternative] }),
+        }
+    }
+    (ClaimWhy { claim: name, allocated, requests: whys, notes }, wanted)
 }
 
 /// (node, gpu, device) positions in the cluster.
 type At = (usize, usize, usize);
 
-fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> RequestWhy {
+fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> (RequestWhy, Vec<At>) {
     let mut out = RequestWhy {
         request: r.name.clone(),
         class: r.class.to_string(),
@@ -311,12 +338,14 @@ fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> R
         count: if r.mode_all { "all".into() } else { r.count.to_string() },
         matching_devices: 0,
         matching_nodes: 0,
+        undecided_devices: 0,
         fits: Vec::new(),
+        alone: false,
         reasons: Vec::new(),
     };
     let Some(class) = classes.iter().find(|c| c.metadata.name.as_deref() == Some(r.class)) else {
         out.reasons.push(Reason::ClassMissing { class: r.class.to_string() });
-        return out;
+        return (out, Vec::new());
     };
     let exprs = expressions(class, r);
     out.selectors = exprs.iter().map(|e| e.to_string()).collect();
@@ -327,15 +356,16 @@ fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> R
     }
     if let Some((device, error)) = scan.error {
         out.reasons.push(Reason::SelectorError { device, error });
-        return out;
+        return (out, Vec::new());
     }
     out.matching_devices = scan.matches.len();
+    out.undecided_devices = scan.undecided;
     out.matching_nodes = scan.matches.iter().map(|a| a.0).collect::<BTreeSet<_>>().len();
     if scan.matches.is_empty() {
         if scan.unknown.is_empty() {
             out.reasons.push(nothing_matches(cluster, &selectors));
         }
-        return out;
+        return (out, Vec::new());
     }
     let needs = if r.mode_all { scan.matches.len() } else { r.count };
     for (n, node) in cluster.nodes.iter().enumerate() {
@@ -364,18 +394,20 @@ fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> R
         let elsewhere = scan_fits(cluster, &unpinned, r.tolerations);
         out.reasons.push(Reason::SlurmPin { index, elsewhere });
     }
-    out
+    (out, scan.matches)
 }
 
 struct Scan {
     matches: Vec<At>,
+    /// Devices whose verdict is unknown, and why.
+    undecided: usize,
     unknown: BTreeSet<String>,
     error: Option<(String, String)>,
 }
 
 /// Every device against every selector (all must hold).
 fn scan(cluster: &Cluster, selectors: &[Selector]) -> Scan {
-    let mut s = Scan { matches: Vec::new(), unknown: BTreeSet::new(), error: None };
+    let mut s = Scan { matches: Vec::new(), undecided: 0, unknown: BTreeSet::new(), error: None };
     for (n, node) in cluster.nodes.iter().enumerate() {
         for (g, gpu) in node.gpus.iter().enumerate() {
             for (d, dev) in gpu.devices.iter().enumerate() {
@@ -385,6 +417,7 @@ fn scan(cluster: &Cluster, selectors: &[Selector]) -> Scan {
                     Verdict::Match => s.matches.push((n, g, d)),
                     Verdict::NoMatch => {}
                     Verdict::Unknown(why) => {
+                        s.undecided += 1;
                         s.unknown.insert(why);
                     }
                     Verdict::Error(e) => {
@@ -409,6 +442,127 @@ fn all(verdicts: impl Iterator<Item = Verdict>) -> Verdict {
         };
     }
     worst
+}
+
+/// One pending request of the pod, for the question the scheduler asks of a node: do all of
+/// them fit there at once? Its alternatives are the request itself, or its `firstAvailable`
+/// sub-requests in order.
+struct Wanted<'a> {
+    group: &'a str,
+    alternatives: Vec<Alternative<'a>>,
+}
+
+struct Alternative<'a> {
+    /// Every matching device in the cluster.
+    matches: Vec<At>,
+    all: bool,
+    count: usize,
+    tolerations: &'a [DeviceToleration],
+}
+
+/// How many devices the search of one node may try before it says "not decided": the scheduler
+/// gives up too (its allocator has a deadline), and a pod's requests on one node rarely need more.
+const SEARCH_STEPS: usize = 200_000;
+
+/// The pod's (or the claim's) pending requests together, as the scheduler places them: on one
+/// node, each device beside the others, trying another device for an earlier request when a
+/// later one does not fit. Where no node takes them all, each request's "fits now" becomes
+/// "fits alone", and the note says so; the answer is never "fits now" for a pod that fits nowhere.
+fn together(cluster: &Cluster, wanted: &[Wanted<'_>], claims: &mut [ClaimWhy]) -> Vec<String> {
+    let any_fits = claims.iter().flat_map(|c| &c.requests).any(|r| !r.fits.is_empty());
+    if !any_fits {
+        return Vec::new();
+    }
+    let mut whole = Vec::new();
+    let mut undecided = Vec::new();
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        let mut search = Search { node, n, steps: 0 };
+        match search.place(wanted, &node.pool, &mut Vec::new()) {
+            Some(true) => whole.push(node.name.clone()),
+            Some(false) => {}
+            None => undecided.push(node.name.clone()),
+        }
+    }
+    let total = wanted.len();
+    if !whole.is_empty() {
+        return vec![format!("all {total} pending requests fit at once on {}", whole.join(", "))];
+    }
+    for r in claims.iter_mut().flat_map(|c| c.requests.iter_mut()).filter(|r| !r.fits.is_empty()) {
+        r.alone = true;
+    }
+    let mut notes = vec![format!(
+        "no node takes all {total} pending requests at once (the scheduler places them on one node \
+         together); the places shown fit one request alone"
+    )];
+    if !undecided.is_empty() {
+        notes.push(format!("not decided on {} (too many combinations to try)", undecided.join(", ")));
+    }
+    notes
+}
+
+/// The scheduler's search on one node, with backtracking, bounded by [`SEARCH_STEPS`].
+struct Search<'c> {
+    node: &'c Node,
+    n: usize,
+    steps: usize,
+}
+
+impl Search<'_> {
+    /// Whether `wanted` all fit beside `pool` and the devices `taken`; `None`: not decided.
+    fn place(&mut self, wanted: &[Wanted<'_>], pool: &fit::Pool, taken: &mut Vec<(usize, usize)>) -> Option<bool> {
+        let Some((first, rest)) = wanted.split_first() else { return Some(true) };
+        for alt in &first.alternatives {
+            let here: Vec<(usize, usize)> = alt.matches.iter().filter(|a| a.0 == self.n).map(|a| (a.1, a.2)).collect();
+            let needs = if alt.all { here.len() } else { alt.count };
+            if here.is_empty() || here.len() < needs {
+                continue;
+            }
+            if self.fill(alt, &here, 0, needs, pool, taken, rest)? {
+                return Some(true);
+            }
+        }
+        Some(false)
+    }
+
+    /// Take `left` more devices for `alt` from `here[from..]`, then place `rest`.
+    #[allow(clippy::too_many_arguments)]
+    fn fill(
+        &mut self,
+        alt: &Alternative<'_>,
+        here: &[(usize, usize)],
+        from: usize,
+        left: usize,
+        pool: &fit::Pool,
+        taken: &mut Vec<(usize, usize)>,
+        rest: &[Wanted<'_>],
+    ) -> Option<bool> {
+        if left == 0 {
+            return self.place(rest, pool, taken);
+        }
+        for (i, &(g, d)) in here.iter().enumerate().skip(from) {
+            self.steps += 1;
+            if self.steps > SEARCH_STEPS {
+                return None;
+            }
+            let device = &self.node.gpus[g].devices[d];
+            let c = Candidate { at: (g, d), device };
+            if taken.contains(&(g, d))
+                || device.holder.is_some()
+                || !tolerated(device, alt.tolerations)
+                || !pool.fits(&c)
+            {
+                continue;
+            }
+            let mut beside = pool.clone();
+            beside.take(&c);
+            taken.push((g, d));
+            if self.fill(alt, here, i + 1, left - 1, &beside, taken, rest)? {
+                return Some(true);
+            }
+            taken.pop();
+        }
+        Some(false)
+    }
 }
 
 /// Free devices matching `selectors` that the request tolerates, one per GPU, at most three.
@@ -562,22 +716,20 @@ pub fn text(w: &Why) -> Vec<String> {
         }
         for r in &c.requests {
             lines.push(format!(
-                "  request {}: class {}, {} device{}; {} matching device{} on {} node{}",
+                "  request {}: class {}, {} device{}; {}",
                 r.request,
                 r.class,
                 r.count,
                 if r.count == "1" { "" } else { "s" },
-                r.matching_devices,
-                if r.matching_devices == 1 { "" } else { "s" },
-                r.matching_nodes,
-                if r.matching_nodes == 1 { "" } else { "s" },
+                matching_text(r),
             ));
             for s in &r.selectors {
                 lines.push(format!("    selector: {s}"));
             }
             if !r.fits.is_empty() {
                 let places: Vec<String> = r.fits.iter().map(|p| format!("{} {} {}", p.node, p.gpu, p.device)).collect();
-                lines.push(format!("    fits now: {}", places.join(", ")));
+                let how = if r.alone { "fits alone, not beside the other requests" } else { "fits now" };
+                lines.push(format!("    {how}: {}", places.join(", ")));
             }
             for reason in &r.reasons {
                 lines.push(format!("    {}", reason_text(reason)));
@@ -643,6 +795,17 @@ fn reason_text(r: &Reason) -> String {
     }
 }
 
+/// How many devices match: with undecided ones the count is only a floor, never a bare 0.
+fn matching_text(r: &RequestWhy) -> String {
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let (n, nodes) = (r.matching_devices, r.matching_nodes);
+    match (r.undecided_devices, n) {
+        (0, _) => format!("{n} matching device{} on {nodes} node{}", plural(n), plural(nodes)),
+        (u, 0) => format!("? matching devices ({u} the selectors leave undecided)"),
+        (u, _) => format!("{n} or more matching devices on {nodes} or more node{} ({u} undecided)", plural(nodes)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::model::fixture::*;
@@ -695,7 +858,7 @@ mod tests {
         assert!(r.fits.is_empty());
         assert_eq!(kinds(&r), ["Full", "Full"]);
         let Reason::Full { held_by, gpu, .. } = &r.reasons[1] else { unreachable!() };
-        assert_eq!(gpu, "GPU 1 (slurm 1)");
+        assert_eq!(gpu, "gpu-1 (GPU 1, slurm 1)");
         assert_eq!(held_by.iter().map(|h| h.who()).collect::<Vec<_>>(), ["default/pod-b"]);
     }
 
@@ -758,7 +921,7 @@ mod tests {
         let Reason::SlurmPin { index, elsewhere } = &r.reasons[1] else { unreachable!() };
         assert_eq!(index, "0");
         assert_eq!(elsewhere.len(), 1);
-        assert_eq!(elsewhere[0].gpu, "GPU 1 (slurm 1)");
+        assert_eq!(elsewhere[0].gpu, "gpu-1 (GPU 1, slurm 1)");
     }
 
     #[test]
@@ -794,6 +957,12 @@ mod tests {
         );
         assert_eq!(kinds(&r), ["Unevaluable"]);
         assert!(r.fits.is_empty(), "never guessed as matching");
+        assert_eq!((r.matching_devices, r.undecided_devices > 0), (0, true));
+        let said = matching_text(&r);
+        assert!(
+            said.starts_with("? matching devices (") && said.ends_with(" the selectors leave undecided)"),
+            "{said}"
+        );
         let r = explain(
             &[],
             pending("p", "mig", &["device.attributes[\"mig.slinky.slurm.net\"].noSuchAttribute == 1"]),
@@ -819,6 +988,36 @@ mod tests {
         assert!(w.claims[0].requests.is_empty());
     }
 
+    /// Two pending claims of one pod, each asking for a 3g.40gb, with one 3g.40gb placement free
+    /// in the cluster: each fits alone, the pod nowhere; with a second GPU free, both at once.
+    #[test]
+    fn the_pod_fits_only_where_all_its_requests_fit_at_once() {
+        let (p, q) = (pending("p", "mig-3g.40gb", &[]), pending("q", "mig-3g.40gb", &[]));
+        let slots = [ClaimSlot::Found(&p), ClaimSlot::Found(&q)];
+        let answer = |held: &[(&str, &str)]| {
+            let claims: Vec<ResourceClaim> =
+                held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
+            why(&Cluster::build(DRIVER, node("node-a", 2), &claims), None, &slots, &classes())
+        };
+        let one_free = answer(&[("h", "gpu-0-mig-3g40gb-9-4"), ("b", "gpu-1-mig-7g80gb-0-0")]);
+        for c in &one_free.claims {
+            assert_eq!(c.requests[0].fits.len(), 1, "alone, each fits on gpu-0");
+            assert!(c.requests[0].alone, "but not beside the other");
+        }
+        let said = text(&one_free).join("\n");
+        assert!(!said.contains("fits now"), "{said}");
+        assert!(said.contains("fits alone, not beside the other requests: node-a gpu-0"), "{said}");
+        assert!(said.contains("no node takes all 2 pending requests at once"), "{said}");
+
+        let two_free = answer(&[("h", "gpu-0-mig-3g40gb-9-4")]);
+        assert!(two_free.claims.iter().all(|c| !c.requests[0].alone));
+        assert!(
+            two_free.notes.iter().any(|n| n == "all 2 pending requests fit at once on node-a"),
+            "{:?}",
+            two_free.notes
+        );
+    }
+
     #[test]
     fn the_text_is_one_line_per_reason() {
         let held = [("s1", "gpu-0-mig-1g10gb-19-1"), ("s5", "gpu-0-mig-1g10gb-19-5"), ("b", "gpu-1-mig-7g80gb-0-0")];
@@ -829,12 +1028,13 @@ mod tests {
         let p = pending("p", "mig-3g.40gb", &[]);
         let text = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes())).join("\n");
         assert!(
-            text.contains("node-a GPU 0 (slurm 0): fragmented: memory slices 0,2,3,4,6,7 are free, 4 needed"),
+            text.contains("node-a gpu-0 (GPU 0, slurm 0): fragmented: memory slices 0,2,3,4,6,7 are free, 4 needed"),
             "{text}"
         );
         assert!(
             text.contains(
-                "node-a GPU 1 (slurm 1): full: 0 of 8 memory slices free, 4 needed; held by default/pod-b (claim b)"
+                "node-a gpu-1 (GPU 1, slurm 1): full: 0 of 8 memory slices free, 4 needed; \
+                 held by default/pod-b (claim b)"
             ),
             "{text}"
         );

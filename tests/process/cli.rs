@@ -722,3 +722,37 @@ fn a_lost_gpu_is_shown_lost_and_the_others_go_on() {
     assert_eq!(lost, [false, true], "{status}");
     assert!(node.cli(&["status"]).lines().nth(2).is_some_and(|l| l.contains("LOST")));
 }
+
+/// Linked as `kubectl-migdra`, the binary is the kubectl plugin: its help says `kubectl migdra`,
+/// lists its two commands and only the flags they read, none of the node daemon's.
+#[test]
+fn the_kubectl_plugin_has_a_help_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = command::kubectl_plugin(dir.path());
+    let help = |args: &[&str]| {
+        let out = command::scrubbed(&plugin).args(args).run();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let top = help(&["--help"]);
+    assert!(top.contains("Usage: kubectl migdra"), "{top}");
+    for command in ["usage", "why"] {
+        assert!(top.lines().any(|l| l.trim_start().starts_with(command)), "{command} missing:\n{top}");
+    }
+    for command in ["serve", "claims", "cleanup", "status"] {
+        assert!(!top.lines().any(|l| l.trim_start().starts_with(command)), "the plugin lists {command}:\n{top}");
+    }
+    for flag in ["--sim", "--plugin-dir", "--nvml-lib"] {
+        assert!(!top.contains(flag), "the plugin's help names {flag}:\n{top}");
+    }
+    let why = help(&["why", "--help"]);
+    assert!(why.contains("Usage: kubectl migdra why"), "{why}");
+    let options: Vec<&str> =
+        why.lines().map(str::trim_start).filter(|l| l.starts_with("-") && !l.starts_with("- ")).collect();
+    for wanted in ["-n, --namespace", "-o, --output", "--driver-name", "--kubeconfig", "-h, --help"] {
+        assert!(options.iter().any(|o| o.starts_with(wanted)), "{wanted} missing: {options:?}");
+    }
+    assert!(options.len() <= 6, "only what why reads: {options:?}");
+    // The same binary under its own name keeps the node's command line.
+    assert!(ok(&["--help"]).contains("serve"));
+}
