@@ -4,10 +4,11 @@
 
 use super::{CliError, CliResult, Format, Global, output, serve};
 use crate::cluster::model::Cluster;
+use crate::cluster::nodes::{self, NodeView};
 use crate::cluster::wire;
 use crate::cluster::{usage, why};
 use clap::Parser;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kube::api::{Api, ListParams};
 use std::io::Write;
@@ -92,15 +93,24 @@ struct Snapshot {
     slices: Vec<wire::Slice>,
     claims: Vec<ResourceClaim>,
     classes: Vec<DeviceClass>,
+    /// The Node objects; `None` when they could not be read (an operator without `list nodes`).
+    nodes: Option<Vec<NodeView>>,
 }
 
 pub fn usage(global: &Flags, out: &mut dyn Write) -> CliResult {
     let (snap, _) = read(global, None, None)?;
     let cluster = Cluster::build(&global.driver_name, snap.slices, &snap.claims);
+    let publishing: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+    let silent: Vec<String> =
+        nodes::silent(&global.driver_name, snap.nodes.as_deref().unwrap_or_default(), &publishing)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
     if cluster.nodes.is_empty() {
-        return Err(no_nodes(&global.driver_name, &snap.server));
+        return Err(no_nodes(&global.driver_name, &snap.server, &silent));
     }
-    let u = usage::usage(&cluster);
+    let mut u = usage::usage(&cluster);
+    u.silent = silent;
     match global.output {
         Format::Json | Format::Yaml => output::data(out, global.output, &u)?,
         Format::Table => picture(&u, out)?,
@@ -163,9 +173,9 @@ pub fn why(args: &WhyArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
     }
     let cluster = Cluster::build(driver, snap.slices, &snap.claims);
     if cluster.nodes.is_empty() {
-        return Err(no_nodes(driver, &snap.server));
+        return Err(no_nodes(driver, &snap.server, &[]));
     }
-    let w = why::why(&cluster, pod.as_ref(), &mine, &snap.classes);
+    let w = why::why(&cluster, pod.as_ref(), &mine, &snap.classes, snap.nodes.as_deref());
     match global.output {
         Format::Json | Format::Yaml => output::data(out, global.output, &w)?,
         Format::Table => {
@@ -219,9 +229,12 @@ fn pod_claims<'a>(pod: &Pod, find: &dyn Fn(&str) -> Option<&'a ResourceClaim>) -
         .collect()
 }
 
-fn no_nodes(driver: &str, server: &str) -> CliError {
+fn no_nodes(driver: &str, server: &str, silent: &[String]) -> CliError {
+    let opted =
+        if silent.is_empty() { String::new() } else { format!(" ({} opted in: {})", silent.len(), silent.join(", ")) };
     CliError::Failed(format!(
-        "no node publishes {driver} devices at {server}: is migdra installed, and are its DaemonSet's pods Ready?"
+        "no node publishes {driver} devices at {server}{opted}: is migdra installed, and are its DaemonSet's \
+         pods Ready?"
     ))
 }
 
@@ -244,27 +257,34 @@ fn read(global: &Flags, namespace: Option<&str>, pod: Option<&str>) -> Result<(S
         let all = ListParams::default();
         let claims_api = Api::<ResourceClaim>::all(client.clone());
         let classes_api = Api::<DeviceClass>::all(client.clone());
+        let nodes_api = Api::<Node>::all(client.clone());
         let reads = async {
-            let (slices, claims, classes, pod) =
-                tokio::join!(slices(&client), claims_api.list(&all), classes_api.list(&all), async {
+            tokio::join!(
+                slices(&client),
+                claims_api.list(&all),
+                classes_api.list(&all),
+                async {
                     match pod {
                         Some(name) => Api::<Pod>::namespaced(client.clone(), &namespace).get_opt(name).await.map(Some),
                         None => Ok(None),
                     }
-                },);
-            (slices, claims, classes, pod)
+                },
+                nodes_api.list(&all),
+            )
         };
-        let (slices, claims, classes, found) = tokio::time::timeout(BUDGET, reads).await.map_err(|_| {
+        let (slices, claims, classes, found, nodes) = tokio::time::timeout(BUDGET, reads).await.map_err(|_| {
             CliError::Failed(format!("the API server at {server} did not answer in {}s", BUDGET.as_secs()))
         })?;
         let slices = slices.map_err(|e| failed("ResourceSlices", e))?;
         let claims = claims.map_err(|e| failed("ResourceClaims", e))?.items;
         let classes = classes.map_err(|e| failed("DeviceClasses", e))?.items;
+        // Not fatal: without them the answer leaves the Node side out and says so.
+        let nodes = nodes.ok().map(|l| l.items.iter().map(NodeView::of).collect());
         let pod = match (pod, found.map_err(|e| failed("the pod", e))?) {
             (Some(name), Some(None)) => return Err(CliError::Usage(format!("pod {namespace}/{name} not found"))),
             (_, found) => found.flatten(),
         };
-        Ok((Snapshot { server, namespace, slices, claims, classes }, pod))
+        Ok((Snapshot { server, namespace, slices, claims, classes, nodes }, pod))
     })
 }
 
@@ -303,6 +323,9 @@ async fn slices(client: &kube::Client) -> Result<Vec<wire::Slice>, kube::Error> 
 /// line per claim; then per profile what is in use and what could be allocated now.
 fn picture(u: &usage::Usage, out: &mut dyn Write) -> std::io::Result<()> {
     let num = |v: Option<i64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+    for node in &u.silent {
+        writeln!(out, "NODE {node}  opted in to migdra, publishes nothing: is migdra's pod Running there?")?;
+    }
     for n in &u.nodes {
         writeln!(out, "NODE {}", n.node)?;
         for g in &n.gpus {

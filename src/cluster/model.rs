@@ -348,6 +348,17 @@ pub(super) mod fixture {
                     }]),
                     ..Default::default()
                 }),
+                // As the scheduler writes it for node-local devices.
+                node_selector: Some(k8s_openapi::api::core::v1::NodeSelector {
+                    node_selector_terms: vec![k8s_openapi::api::core::v1::NodeSelectorTerm {
+                        match_expressions: None,
+                        match_fields: Some(vec![k8s_openapi::api::core::v1::NodeSelectorRequirement {
+                            key: "metadata.name".into(),
+                            operator: "In".into(),
+                            values: Some(vec![node.into()]),
+                        }]),
+                    }],
+                }),
                 ..Default::default()
             }),
             reserved_for: Some(vec![api::ResourceClaimConsumerReference {

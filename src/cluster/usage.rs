@@ -10,6 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct Usage {
     pub nodes: Vec<NodeUsage>,
     pub profiles: Vec<ProfileUsage>,
+    /// Nodes opted in to migdra that publish no devices (migdra down there, or its slices gone):
+    /// filled by the caller, which reads the Node objects.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub silent: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -74,7 +78,7 @@ pub fn usage(cluster: &Cluster) -> Usage {
         .iter()
         .map(|n| NodeUsage { node: n.name.clone(), gpus: n.gpus.iter().map(|g| gpu(cluster, g)).collect() })
         .collect();
-    Usage { nodes, profiles: profiles(cluster) }
+    Usage { nodes, profiles: profiles(cluster), silent: Vec::new() }
 }
 
 fn gpu(cluster: &Cluster, g: &Gpu) -> GpuUsage {

@@ -7,12 +7,13 @@
 
 use super::cel::{DeviceInput, Selector, Verdict};
 use super::model::{Cluster, Device, Gpu, Holder, Node, taint_text};
+use super::nodes::NodeView;
 use super::wire::Taint;
 use crate::mig::fit;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceToleration, ResourceClaim};
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The attribute slurm-bridge pins a claim to Slurm's GPU with.
 pub const SLURM_PIN: &str = "slurmGpuIndex";
@@ -167,29 +168,89 @@ pub enum Reason {
     SlurmPin { index: String, elsewhere: Vec<Place> },
     /// Only this many of the devices the request needs fit on one node at once.
     TooFew { node: String, fit: usize, needs: usize },
+    /// The node has matching devices, but the pod cannot go there (cordoned, NotReady, a taint, its
+    /// nodeSelector or affinity, another of its claims allocated elsewhere).
+    NodeBlocked { node: String, why: Vec<String> },
 }
 
 /// The explanation for a pod's claims, or for one claim (`pod` absent).
-pub fn why(cluster: &Cluster, pod: Option<&Pod>, claims: &[ClaimSlot<'_>], classes: &[DeviceClass]) -> Why {
+/// `nodes`: the cluster's Node objects, `None` when they could not be read (then the pod's node
+/// constraints and the nodes' taints are not evaluated, and a note says so).
+pub fn why(
+    cluster: &Cluster,
+    pod: Option<&Pod>,
+    claims: &[ClaimSlot<'_>],
+    classes: &[DeviceClass],
+    nodes: Option<&[NodeView]>,
+) -> Why {
     let mut notes = Vec::new();
     let spec = pod.and_then(|p| p.spec.as_ref());
-    if let Some(node) = spec.and_then(|s| s.node_name.as_deref()) {
+    let bound = spec.and_then(|s| s.node_name.as_deref());
+    if let Some(node) = bound {
         let phase = pod.and_then(|p| p.status.as_ref()).and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
         notes.push(format!("the pod is bound to node {node} (phase {phase}): it waits for no device"));
     }
-    if spec.is_some_and(|s| s.node_selector.is_some() || s.affinity.is_some()) {
-        notes.push("the pod's nodeSelector and affinity also narrow its nodes; they are not evaluated here".into());
+    let conditions = pod.and_then(|p| p.status.as_ref()).and_then(|s| s.conditions.as_ref());
+    let scheduled = conditions.and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+    let scheduler = scheduled.filter(|c| c.status == "False").and_then(|c| c.message.clone());
+    if let Some(p) = pod
+        && bound.is_none()
+        && scheduled.is_none()
+    {
+        let name = spec.and_then(|s| s.scheduler_name.as_deref()).unwrap_or("default-scheduler");
+        notes.push(format!(
+            "the scheduler has not tried the pod yet (no PodScheduled condition): check that a scheduler named \
+             {name} runs (kube-scheduler's log), and the pod's events (kubectl describe pod {})",
+            p.metadata.name.as_deref().unwrap_or("")
+        ));
     }
-    let scheduler = pod
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
-        .and_then(|c| c.message.clone());
+    let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // A bound pod has its node: the Node side is the scheduler's question, not its any more.
+    if let Some(p) = pod
+        && bound.is_none()
+    {
+        match nodes {
+            Some(nodes) => {
+                for n in nodes {
+                    let why = super::nodes::blocks(n, p);
+                    if !why.is_empty() {
+                        blocked.insert(n.name.clone(), why);
+                    }
+                }
+            }
+            None => notes.push(
+                "Node objects could not be read (get, list nodes): the pod's nodeSelector and affinity and the \
+                 nodes' taints are not evaluated"
+                    .into(),
+            ),
+        }
+        // An allocated claim ties the pod to its node: the scheduler only looks there.
+        if let Some((claim, node)) = claims.iter().find_map(|slot| allocated_node(slot)) {
+            notes.push(format!("claim {claim} is allocated on node {node}: the pod can only run there"));
+            for n in cluster.nodes.iter().filter(|n| n.name != node) {
+                blocked
+                    .entry(n.name.clone())
+                    .or_default()
+                    .push(format!("claim {claim} of the pod is allocated on node {node}"));
+            }
+        }
+    }
+    if let Some(nodes) = nodes {
+        let publishing: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+        let silent = super::nodes::silent(&cluster.driver, nodes, &publishing);
+        if !silent.is_empty() {
+            notes.push(format!(
+                "opted in to migdra but publishing no devices: {} (is migdra's pod Running there? \
+                 kubectl get pods -n <migdra namespace> -o wide)",
+                silent.join(", ")
+            ));
+        }
+    }
     let (mut claims, wanted): (Vec<ClaimWhy>, Vec<Vec<Wanted<'_>>>) =
-        claims.iter().map(|slot| claim_why(cluster, slot, classes)).unzip();
+        claims.iter().map(|slot| claim_why(cluster, slot, classes, &blocked)).unzip();
     let wanted: Vec<Wanted<'_>> = wanted.into_iter().flatten().collect();
     if wanted.len() > 1 {
-        notes.extend(together(cluster, &wanted, &mut claims));
+        notes.extend(together(cluster, &wanted, &mut claims, &blocked));
     }
     let pod = pod.map(|p| {
         format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
@@ -269,7 +330,34 @@ fn expressions<'a>(class: &'a DeviceClass, r: &Request<'a>) -> Vec<&'a str> {
     all
 }
 
-fn claim_why<'s>(cluster: &Cluster, slot: &'s ClaimSlot<'_>, classes: &[DeviceClass]) -> (ClaimWhy, Vec<Wanted<'s>>) {
+/// The claim a slot holds, and the node its allocation ties it to (the `metadata.name` its
+/// allocation's node selector names), when it is allocated.
+fn allocated_node(slot: &ClaimSlot<'_>) -> Option<(String, String)> {
+    let claim = match slot {
+        ClaimSlot::Found(c) => *c,
+        ClaimSlot::Extended(c) => c,
+        ClaimSlot::Missing { .. } => return None,
+    };
+    let selector = claim.status.as_ref()?.allocation.as_ref()?.node_selector.as_ref()?;
+    let node = selector
+        .node_selector_terms
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .find(|f| f.key == "metadata.name" && f.operator == "In")
+        .and_then(|f| f.values.as_ref()?.first().cloned())?;
+    Some((claim.metadata.name.clone().unwrap_or_default(), node))
+}
+
+/// Nodes the pod cannot use (by name), and why: the scheduler's node filters, or another claim of
+/// the pod allocated elsewhere.
+type BlockedNodes = BTreeMap<String, Vec<String>>;
+
+fn claim_why<'s>(
+    cluster: &Cluster,
+    slot: &'s ClaimSlot<'_>,
+    classes: &[DeviceClass],
+    blocked: &BlockedNodes,
+) -> (ClaimWhy, Vec<Wanted<'s>>) {
     let claim = match slot {
         ClaimSlot::Found(c) => *c,
         ClaimSlot::Extended(c) => c,
@@ -316,7 +404,7 @@ fn claim_why<'s>(cluster: &Cluster, slot: &'s ClaimSlot<'_>, classes: &[DeviceCl
     let mut wanted: Vec<Wanted<'s>> = Vec::new();
     let mut whys = Vec::new();
     for r in requests(claim) {
-        let (why, matches) = request_why(cluster, &r, classes);
+        let (why, matches) = request_why(cluster, &r, classes, blocked);
         whys.push(why);
         let alternative = Alternative { matches, all: r.mode_all, count: r.count, tolerations: r.tolerations };
         match wanted.last_mut() {
@@ -330,7 +418,12 @@ fn claim_why<'s>(cluster: &Cluster, slot: &'s ClaimSlot<'_>, classes: &[DeviceCl
 /// (node, gpu, device) positions in the cluster.
 type At = (usize, usize, usize);
 
-fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> (RequestWhy, Vec<At>) {
+fn request_why(
+    cluster: &Cluster,
+    r: &Request<'_>,
+    classes: &[DeviceClass],
+    blocked: &BlockedNodes,
+) -> (RequestWhy, Vec<At>) {
     let mut out = RequestWhy {
         request: r.name.clone(),
         class: r.class.to_string(),
@@ -371,6 +464,10 @@ fn request_why(cluster: &Cluster, r: &Request<'_>, classes: &[DeviceClass]) -> (
     for (n, node) in cluster.nodes.iter().enumerate() {
         let here: Vec<&At> = scan.matches.iter().filter(|a| a.0 == n).collect();
         if here.is_empty() {
+            continue;
+        }
+        if let Some(why) = blocked.get(&node.name) {
+            out.reasons.push(Reason::NodeBlocked { node: node.name.clone(), why: why.clone() });
             continue;
         }
         let picked = first_fit(node, here.iter().map(|a| (a.1, a.2)), r.tolerations, needs);
@@ -468,14 +565,14 @@ const SEARCH_STEPS: usize = 200_000;
 /// node, each device beside the others, trying another device for an earlier request when a
 /// later one does not fit. Where no node takes them all, each request's "fits now" becomes
 /// "fits alone", and the note says so; the answer is never "fits now" for a pod that fits nowhere.
-fn together(cluster: &Cluster, wanted: &[Wanted<'_>], claims: &mut [ClaimWhy]) -> Vec<String> {
+fn together(cluster: &Cluster, wanted: &[Wanted<'_>], claims: &mut [ClaimWhy], blocked: &BlockedNodes) -> Vec<String> {
     let any_fits = claims.iter().flat_map(|c| &c.requests).any(|r| !r.fits.is_empty());
     if !any_fits {
         return Vec::new();
     }
     let mut whole = Vec::new();
     let mut undecided = Vec::new();
-    for (n, node) in cluster.nodes.iter().enumerate() {
+    for (n, node) in cluster.nodes.iter().enumerate().filter(|(_, node)| !blocked.contains_key(&node.name)) {
         let mut search = Search { node, n, steps: 0 };
         match search.place(wanted, &node.pool, &mut Vec::new()) {
             Some(true) => whole.push(node.name.clone()),
@@ -792,6 +889,7 @@ fn reason_text(r: &Reason) -> String {
             )
         }
         Reason::TooFew { node, fit, needs } => format!("{node}: only {fit} of the {needs} devices fit at once"),
+        Reason::NodeBlocked { node, why } => format!("{node}: the pod cannot go there: {}", why.join("; ")),
     }
 }
 
@@ -830,7 +928,7 @@ mod tests {
         let claims: Vec<ResourceClaim> =
             held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
         let cluster = Cluster::build(DRIVER, slices, &claims);
-        let w = why(&cluster, None, &[ClaimSlot::Found(&pending)], &classes());
+        let w = why(&cluster, None, &[ClaimSlot::Found(&pending)], &classes(), None);
         let mut claims = w.claims;
         assert_eq!(claims.len(), 1);
         let mut requests = claims.remove(0).requests;
@@ -982,7 +1080,7 @@ mod tests {
             "status": {"phase": "Running"}
         }))
         .unwrap();
-        let w = why(&cluster, Some(&pod), &[ClaimSlot::Found(&claim)], &classes());
+        let w = why(&cluster, Some(&pod), &[ClaimSlot::Found(&claim)], &classes(), Some(&[]));
         assert_eq!(w.notes, ["the pod is bound to node node-a (phase Running): it waits for no device"]);
         assert_eq!(w.claims[0].allocated, ["node-a/gpu-0-mig-1g10gb-19-0"]);
         assert!(w.claims[0].requests.is_empty());
@@ -997,7 +1095,7 @@ mod tests {
         let answer = |held: &[(&str, &str)]| {
             let claims: Vec<ResourceClaim> =
                 held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
-            why(&Cluster::build(DRIVER, node("node-a", 2), &claims), None, &slots, &classes())
+            why(&Cluster::build(DRIVER, node("node-a", 2), &claims), None, &slots, &classes(), None)
         };
         let one_free = answer(&[("h", "gpu-0-mig-3g40gb-9-4"), ("b", "gpu-1-mig-7g80gb-0-0")]);
         for c in &one_free.claims {
@@ -1018,6 +1116,63 @@ mod tests {
         );
     }
 
+    /// The Node side: a node the pod's nodeSelector excludes is blocked (its devices are never
+    /// "fits now"), a claim of the pod allocated on a node ties the pod there, an opted-in node
+    /// that publishes nothing is named, and without Node objects the answer says so.
+    #[test]
+    fn the_node_side_blocks_nodes_and_names_silent_ones() {
+        let mut slices = node("node-a", 2);
+        slices.extend(node("node-b", 2));
+        let p = pending("p", "mig-3g.40gb", &[]);
+        let pod = |selector: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "default"},
+                "spec": {"containers": [], "nodeSelector": selector},
+                "status": {"conditions": [{"type": "PodScheduled", "status": "False", "message": "0/2 nodes"}]}
+            }))
+            .unwrap()
+        };
+        let view = |name: &str, labels: &[(&str, &str)]| NodeView {
+            name: name.into(),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ready: true,
+            ..NodeView::default()
+        };
+        let nodes = [
+            view("node-a", &[]),
+            view("node-b", &[("pool", "b")]),
+            view("node-c", &[("mig.slinky.slurm.net/enabled", "true")]),
+        ];
+        let cluster = Cluster::build(DRIVER, slices.clone(), &[]);
+        let selective = pod(serde_json::json!({"pool": "b"}));
+        let w = why(&cluster, Some(&selective), &[ClaimSlot::Found(&p)], &classes(), Some(&nodes));
+        let r = &w.claims[0].requests[0];
+        assert!(!r.fits.is_empty() && r.fits.iter().all(|f| f.node == "node-b"), "{:?}", r.fits);
+        assert!(
+            r.reasons.iter().any(|x| matches!(x, Reason::NodeBlocked { node, why }
+                if node == "node-a" && why == &["nodeSelector pool=b: the node has no pool label"])),
+            "{:?}",
+            r.reasons
+        );
+        assert!(
+            w.notes.iter().any(|n| n.starts_with("opted in to migdra but publishing no devices: node-c")),
+            "{:?}",
+            w.notes
+        );
+
+        // A claim of the pod allocated on node-a ties it there: node-b's room does not count.
+        let held = allocated("h", "p", "node-a", "gpu-0-mig-1g10gb-19-0");
+        let cluster = Cluster::build(DRIVER, slices, std::slice::from_ref(&held));
+        let anywhere = pod(serde_json::json!({}));
+        let w =
+            why(&cluster, Some(&anywhere), &[ClaimSlot::Found(&held), ClaimSlot::Found(&p)], &classes(), Some(&nodes));
+        assert!(w.notes.iter().any(|n| n == "claim h is allocated on node node-a: the pod can only run there"));
+        assert!(w.claims[1].requests[0].fits.iter().all(|f| f.node == "node-a"));
+
+        let w = why(&cluster, Some(&anywhere), &[ClaimSlot::Found(&p)], &classes(), None);
+        assert!(w.notes.iter().any(|n| n.starts_with("Node objects could not be read")), "{:?}", w.notes);
+    }
+
     #[test]
     fn the_text_is_one_line_per_reason() {
         let held = [("s1", "gpu-0-mig-1g10gb-19-1"), ("s5", "gpu-0-mig-1g10gb-19-5"), ("b", "gpu-1-mig-7g80gb-0-0")];
@@ -1026,7 +1181,7 @@ mod tests {
             held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
         let cluster = Cluster::build(DRIVER, slices, &claims);
         let p = pending("p", "mig-3g.40gb", &[]);
-        let text = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes())).join("\n");
+        let text = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes(), None)).join("\n");
         assert!(
             text.contains("node-a gpu-0 (GPU 0, slurm 0): fragmented: memory slices 0,2,3,4,6,7 are free, 4 needed"),
             "{text}"

@@ -120,6 +120,7 @@ pub const OPERATOR_CALLS: &[ApiCall] = &[
     call(RESOURCE, "resourceclaims", None, "list", KUBECTL_PLUGIN, "every claim: who holds which device"),
     call(RESOURCE, "deviceclasses", None, "list", KUBECTL_PLUGIN, "the classes' selectors, for why"),
     call("", "pods", None, "get", KUBECTL_PLUGIN, "the pod why explains"),
+    call("", "nodes", None, "list", KUBECTL_PLUGIN, "the nodes' taints, labels and readiness; the opted-in nodes"),
 ];
 
 /// Requests outside the resource API.
