@@ -208,8 +208,17 @@ impl Metrics {
         let mut out = String::new();
         self.prepare.write(&mut out, "migdra_prepare_duration_seconds");
         self.unprepare.write(&mut out, "migdra_unprepare_duration_seconds");
+        // Known label values are written at 0 from the start, so the first failure is an increase
+        // that increase() counts (a series born at 1 is not); NVML's own codes are too many to
+        // list, and the alert rules catch a series' birth for them.
         header(&mut out, "migdra_errors_total");
-        for ((op, reason), n) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for op in ["prepare", "unprepare"] {
+            for reason in crate::prepare::PrepareError::REASONS {
+                errors.entry((op, reason.to_string())).or_default();
+            }
+        }
+        for ((op, reason), n) in &errors {
             let _ = writeln!(out, "migdra_errors_total{{operation=\"{op}\",reason=\"{}\"}} {n}", escape(reason));
         }
         header(&mut out, "migdra_slice_publishes_total");
@@ -222,7 +231,11 @@ impl Metrics {
             let _ = writeln!(out, "migdra_slice_publishes_total{{result=\"{result}\"}} {}", n.load(Ordering::Relaxed));
         }
         header(&mut out, "migdra_stale_claims_rolled_back_total");
-        for (reason, n) in self.stale_rolled_back.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let mut stale = self.stale_rolled_back.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for reason in crate::prepare::StaleReason::ALL {
+            stale.entry(reason.as_str()).or_default();
+        }
+        for (reason, n) in &stale {
             let _ = writeln!(out, "migdra_stale_claims_rolled_back_total{{reason=\"{reason}\"}} {n}");
         }
         header(&mut out, "migdra_checkpoint_writes_total");
@@ -404,6 +417,13 @@ mod tests {
     #[test]
     fn every_family_has_help_and_type_even_before_any_call() {
         let m = Metrics::new();
+        // Before any event, every stale reason and every fixed error reason is there at 0.
+        let fresh = m.render(None);
+        for reason in crate::prepare::StaleReason::ALL {
+            let line = format!("migdra_stale_claims_rolled_back_total{{reason=\"{}\"}} 0\n", reason.as_str());
+            assert!(fresh.contains(&line), "{line} missing:\n{fresh}");
+        }
+        assert!(fresh.contains("migdra_errors_total{operation=\"unprepare\",reason=\"checkpoint\"} 0\n"), "{fresh}");
         m.error("prepare", "nvml-in-use");
         m.error("prepare", "nvml-in-use");
         m.slice_publish(Some(true));

@@ -57,6 +57,23 @@ impl PrepareError {
     /// `host-node` (a device node the spec names is missing on the host), `checkpoint`, `timeout`
     /// (a GPU lock held too long), `discovery`, `state-dir`, `slurm-index`, `profiles`. A prepare
     /// whose rollback failed counts under the reason of the failure that started the rollback.
+    /// Every value [`reason`](Self::reason) takes but `nvml-<code>` (one per NVML code).
+    pub const REASONS: [&'static str; 13] = [
+        "bad-device",
+        "device-in-use",
+        "overlaps",
+        "allocation-changed",
+        "nvml",
+        "cdi",
+        "host-node",
+        "checkpoint",
+        "timeout",
+        "discovery",
+        "state-dir",
+        "slurm-index",
+        "profiles",
+    ];
+
     pub fn reason(&self) -> String {
         match self {
             Self::BadDevice { .. } => "bad-device".into(),

@@ -26,6 +26,9 @@ pub enum StaleReason {
 }
 
 impl StaleReason {
+    /// Every reason: the metric writes each from the start.
+    pub const ALL: [StaleReason; 4] = [Self::Deleted, Self::Replaced, Self::Deallocated, Self::AllocatedElsewhere];
+
     /// The label value of the metric and the log.
     pub fn as_str(self) -> &'static str {
         match self {
