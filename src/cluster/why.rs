@@ -144,6 +144,9 @@ pub enum Reason {
     Lost { node: String, gpu: String },
     /// A matching device is free but tainted, and the request does not tolerate it.
     Tainted { node: String, gpu: String, taints: Vec<String> },
+    /// Every matching device of the GPU is held itself, by these claims (of the same profile).
+    #[serde(rename_all = "camelCase")]
+    Taken { node: String, gpu: String, held_by: Vec<Holder> },
     /// Its memory slices are held by these claims.
     #[serde(rename_all = "camelCase")]
     Full { node: String, gpu: String, free_slices: u32, memory_slices: u32, needs: u32, held_by: Vec<Holder> },
@@ -746,7 +749,14 @@ fn gpu_reason(
     }
     let free: Vec<u32> =
         gpu.slice_holders().iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i as u32).collect();
-    let best = devices.iter().min_by_key(|d| node.blockers(gpu, d).len())?;
+    // A device held itself is taken, not in the way: moving its holder frees nothing for this
+    // request (the holder needs the same room).
+    let unheld: Vec<&&Device> = devices.iter().filter(|d| d.holder.is_none()).collect();
+    if unheld.is_empty() {
+        let held_by: BTreeSet<Holder> = devices.iter().filter_map(|d| d.holder.clone()).collect();
+        return Some(Reason::Taken { node: n, gpu: g, held_by: held_by.into_iter().collect() });
+    }
+    let best = unheld.into_iter().min_by_key(|d| node.blockers(gpu, d).len())?;
     let needs = best.placement.map_or(gpu.memory_slices, |p| p.1);
     let blockers: Vec<Holder> = node.blockers(gpu, best).into_iter().collect();
     let engines: Vec<String> =
@@ -889,6 +899,9 @@ fn reason_text(r: &Reason) -> String {
             )
         }
         Reason::TooFew { node, fit, needs } => format!("{node}: only {fit} of the {needs} devices fit at once"),
+        Reason::Taken { node, gpu, held_by } => {
+            format!("{node} {gpu}: taken: every matching device is held, by {}", holders_text(held_by))
+        }
         Reason::NodeBlocked { node, why } => format!("{node}: the pod cannot go there: {}", why.join("; ")),
     }
 }
@@ -1171,6 +1184,35 @@ mod tests {
 
         let w = why(&cluster, Some(&anywhere), &[ClaimSlot::Found(&p)], &classes(), None);
         assert!(w.notes.iter().any(|n| n.starts_with("Node objects could not be read")), "{:?}", w.notes);
+    }
+
+    /// A GPU's 2g.20gb placements at 0 and 2 held by 2g.20gb claims, the one at 4 blocked by two
+    /// 1g.10gb claims: fragmented, and moving the 1g claims frees the placement at 4, never a
+    /// placement its own holder keeps. Every matching device held: taken, not fragmented.
+    #[test]
+    fn a_device_held_itself_is_taken_not_in_the_way() {
+        let held = [
+            ("h1", "gpu-0-mig-2g20gb-14-0"),
+            ("h2", "gpu-0-mig-2g20gb-14-2"),
+            ("x", "gpu-0-mig-1g10gb-19-4"),
+            ("y", "gpu-0-mig-1g10gb-19-5"),
+            ("b", "gpu-1-mig-7g80gb-0-0"),
+        ];
+        let r = explain(&held, pending("p", "mig-2g.20gb", &[]), false);
+        let fragmented = r.reasons.iter().find_map(|x| match x {
+            Reason::Fragmented { move_claims, frees, .. } => Some((move_claims, frees)),
+            _ => None,
+        });
+        let (moved, frees) = fragmented.expect("GPU 0 is fragmented");
+        assert_eq!(frees, "gpu-0-mig-2g20gb-14-4");
+        assert_eq!(moved.iter().map(|h| h.who()).collect::<Vec<_>>(), ["default/pod-x", "default/pod-y"]);
+        let r = explain(&held, pending("p", "mig-7g.80gb", &[]), false);
+        assert!(
+            r.reasons.iter().any(|x| matches!(x, Reason::Taken { gpu, held_by, .. }
+                if gpu.starts_with("gpu-1 ") && held_by.iter().map(|h| h.who()).eq(["default/pod-b".to_string()]))),
+            "{:?}",
+            r.reasons
+        );
     }
 
     #[test]
