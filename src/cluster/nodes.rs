@@ -43,16 +43,15 @@ pub struct Blocked {
     pub why: Vec<String>,
 }
 
-/// Why the scheduler's node filters keep `pod` off `node`; empty: they let it through.
+/// Why the scheduler's node filters keep `pod` off `node`; empty: they let it through. NotReady is
+/// not among them: the scheduler filters on the node lifecycle controller's not-ready taint, not
+/// on the condition ([`not_ready`] says it apart).
 pub fn blocks(node: &NodeView, pod: &Pod) -> Vec<String> {
     let spec = pod.spec.as_ref();
     let tolerations = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
     let mut why = Vec::new();
     if node.unschedulable && !tolerated(tolerations, "node.kubernetes.io/unschedulable", None, "NoSchedule") {
         why.push("cordoned (kubectl uncordon)".to_string());
-    }
-    if !node.ready && !node.taints.iter().any(|t| t.key == "node.kubernetes.io/not-ready") {
-        why.push("NotReady".to_string());
     }
     for (key, want) in spec.and_then(|s| s.node_selector.as_ref()).into_iter().flatten() {
         match node.labels.get(key) {
@@ -77,6 +76,12 @@ pub fn blocks(node: &NodeView, pod: &Pod) -> Vec<String> {
         }
     }
     why
+}
+
+/// The nodes among `names` whose Ready condition is not True: the scheduler may still place a pod
+/// there until the not-ready taint comes, and the pod does not start; said beside the answer.
+pub fn not_ready<'n>(nodes: &'n [NodeView], names: &[&str]) -> Vec<&'n str> {
+    nodes.iter().filter(|n| !n.ready && names.contains(&n.name.as_str())).map(|n| n.name.as_str()).collect()
 }
 
 /// The nodes opted in to migdra (label `<driver>/enabled=true`, the chart's node selector) that
@@ -162,16 +167,14 @@ mod tests {
     }
 
     #[test]
-    fn cordoned_not_ready_and_untolerated_taints_block() {
+    fn cordoned_and_untolerated_taints_block_not_ready_is_said_apart() {
         let mut n = node("a", &[]);
         n.unschedulable = true;
         n.ready = false;
         n.taints = vec![taint("gpu", Some("busy"), "NoSchedule"), taint("info", None, "PreferNoSchedule")];
         let p = pod(PodSpec::default());
-        assert_eq!(
-            blocks(&n, &p),
-            ["cordoned (kubectl uncordon)", "NotReady", "taint gpu=busy:NoSchedule not tolerated"]
-        );
+        assert_eq!(blocks(&n, &p), ["cordoned (kubectl uncordon)", "taint gpu=busy:NoSchedule not tolerated"]);
+        assert_eq!(not_ready(std::slice::from_ref(&n), &["a"]), ["a"]);
         let tolerant = pod(PodSpec {
             tolerations: Some(vec![
                 Toleration { key: Some("gpu".into()), operator: Some("Exists".into()), ..Toleration::default() },
@@ -184,8 +187,8 @@ mod tests {
             ]),
             ..PodSpec::default()
         });
-        assert_eq!(blocks(&n, &tolerant), ["NotReady"]);
-        // The node lifecycle controller's not-ready taint says it once, as a taint.
+        assert!(blocks(&n, &tolerant).is_empty(), "NotReady alone is no filter of the scheduler's");
+        // The node lifecycle controller's not-ready taint is.
         n.taints.push(taint("node.kubernetes.io/not-ready", None, "NoSchedule"));
         assert_eq!(blocks(&n, &tolerant), ["taint node.kubernetes.io/not-ready:NoSchedule not tolerated"]);
     }

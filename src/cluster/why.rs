@@ -240,6 +240,14 @@ pub fn why(
     }
     if let Some(nodes) = nodes {
         let publishing: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+        let not_ready = super::nodes::not_ready(nodes, &publishing);
+        if !not_ready.is_empty() {
+            notes.push(format!(
+                "NotReady: {} (the scheduler may still choose its devices; the pod would not start there until \
+                 it is Ready)",
+                not_ready.join(", ")
+            ));
+        }
         let silent = super::nodes::silent(&cluster.driver, nodes, &publishing);
         if !silent.is_empty() {
             notes.push(format!(
