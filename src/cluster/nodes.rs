@@ -96,17 +96,25 @@ pub fn silent<'n>(driver: &str, nodes: &'n [NodeView], publishing: &[&str]) -> V
         .collect()
 }
 
-/// Kubernetes' toleration rule for pods: the effect matches (or the toleration names none), and
-/// `Exists` matches the key (an empty key every key) or `Equal` (the default) key and value.
+/// Kubernetes' toleration rule, the same for pods and devices: the effect matches (or the
+/// toleration names none), and `Exists` matches the key (an empty key every key) or `Equal` (the
+/// default) key and value. Arguments: the toleration's key, operator, value and effect, then the
+/// taint's key, value and effect.
+pub(super) fn toleration_matches(tol: [Option<&str>; 4], key: &str, value: Option<&str>, effect: &str) -> bool {
+    let [tkey, operator, tvalue, teffect] = tol;
+    let effect_ok = teffect.is_none_or(|e| e.is_empty() || e == effect);
+    let tkey = tkey.unwrap_or("");
+    let key_ok = match operator {
+        Some("Exists") => tkey.is_empty() || tkey == key,
+        _ => tkey == key && tvalue.unwrap_or("") == value.unwrap_or(""),
+    };
+    effect_ok && key_ok
+}
+
 fn tolerated(tolerations: &[Toleration], key: &str, value: Option<&str>, effect: &str) -> bool {
-    tolerations.iter().any(|tol| {
-        let effect_ok = tol.effect.as_deref().is_none_or(|e| e.is_empty() || e == effect);
-        let tkey = tol.key.as_deref().unwrap_or("");
-        let key_ok = match tol.operator.as_deref() {
-            Some("Exists") => tkey.is_empty() || tkey == key,
-            _ => tkey == key && tol.value.as_deref().unwrap_or("") == value.unwrap_or(""),
-        };
-        effect_ok && key_ok
+    tolerations.iter().any(|t| {
+        let tol = [t.key.as_deref(), t.operator.as_deref(), t.value.as_deref(), t.effect.as_deref()];
+        toleration_matches(tol, key, value, effect)
     })
 }
 

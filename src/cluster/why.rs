@@ -801,17 +801,11 @@ fn tolerated(d: &Device, tolerations: &[DeviceToleration]) -> bool {
     d.taints().all(|t| tolerates(tolerations, t))
 }
 
-/// Kubernetes' toleration rule: the effect matches (or is empty), and `Exists` matches the key
-/// (an empty key every key) or `Equal` (the default) the key and the value.
+/// Whether a device toleration tolerates the taint ([`super::nodes::toleration_matches`], the one rule).
 fn tolerates(tolerations: &[DeviceToleration], t: &Taint) -> bool {
     tolerations.iter().any(|tol| {
-        let effect = tol.effect.as_deref().is_none_or(|e| e.is_empty() || e == t.effect);
-        let key = tol.key.as_deref().unwrap_or("");
-        let matched = match tol.operator.as_deref() {
-            Some("Exists") => key.is_empty() || key == t.key,
-            _ => key == t.key && tol.value.as_deref().unwrap_or("") == t.value.as_deref().unwrap_or(""),
-        };
-        effect && matched
+        let tol = [tol.key.as_deref(), tol.operator.as_deref(), tol.value.as_deref(), tol.effect.as_deref()];
+        super::nodes::toleration_matches(tol, &t.key, t.value.as_deref(), &t.effect)
     })
 }
 
