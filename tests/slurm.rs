@@ -560,8 +560,15 @@ fn count_only_gres_and_the_bridges_external_node() {
     let bare = "NodeName=k8s-bare CPUs=4 RealMemory=1000 State=External Gres=gpu:2";
     let err = cluster.rest_call("POST", "new/node/", Some(&json!({"node_conf": bare}))).unwrap_err();
     assert!(err.contains("Failure to create node"), "{err}");
-    let node_conf = "NodeName=k8s-only CPUs=4 RealMemory=1000 State=External Gres=gpu:2 \
-                     GresConf=\"count=2,name=gpu,file=gpu-0,file=gpu-1\"";
+    // slurmctld resolves the node's name when a job starts there, retrying for 10 s when nothing
+    // resolves it (a slow resolver makes that minutes, past slurmrestd's and curl's timeouts: a
+    // flaky test). So this node gets an address that answers at once, a closed loopback port:
+    // what is tested here is the numbering, not name resolution.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let node_conf = format!(
+        "NodeName=k8s-only NodeAddr=127.0.0.1 Port={closed} CPUs=4 RealMemory=1000 State=External Gres=gpu:2 \
+         GresConf=\"count=2,name=gpu,file=gpu-0,file=gpu-1\""
+    );
     cluster.rest_call("POST", "new/node/", Some(&json!({"node_conf": node_conf}))).unwrap();
     let shown = cluster.scontrol(&["show", "node", "k8s-only"]);
     assert!(shown.contains("EXTERNAL") && shown.contains("Gres=gpu:2"), "{shown}");

@@ -476,7 +476,7 @@ impl Slurm {
 
     /// GPU indexes of a running job, as slurm-bridge's PreBind reads them: `GET resources/{id}`.
     /// Asked again for up to 60 s while slurmctld answers "Unable to query": it stalls ~10 s
-    /// resolving an External node's name (the bridge's `k8s-only` resolves nowhere), longer than
+    /// resolving an External node's name (the bridge adds them with no `NodeAddr`), longer than
     /// slurmrestd's RPC timeout; the bridge's PreBind fails then and the scheduler retries it.
     /// Any other error, or the same one after 60 s, is returned.
     pub fn rest_index(&self, id: &str) -> Result<Vec<u32>, String> {
