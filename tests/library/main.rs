@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alerts;
 mod chart;
 mod conformance;
 mod counter_proof;

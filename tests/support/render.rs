@@ -39,6 +39,8 @@ pub struct Tool {
     pub go_mod_dir: &'static str,
     /// The module path in that go.mod's `require` line.
     pub module: &'static str,
+    /// The `MIGDRA_REQUIRE_*` variable that makes a missing binary fail the test (tests/support/skip.rs).
+    pub require: &'static str,
 }
 
 pub const KUSTOMIZE: Tool = Tool {
@@ -46,19 +48,30 @@ pub const KUSTOMIZE: Tool = Tool {
     env: "MIGDRA_KUSTOMIZE",
     go_mod_dir: "kustomize",
     module: "sigs.k8s.io/kustomize/kustomize/v5",
+    require: REQUIRE,
 };
 
-pub const HELM: Tool = Tool { name: "helm", env: "MIGDRA_HELM", go_mod_dir: "helm", module: "helm.sh/helm/v4" };
+pub const HELM: Tool =
+    Tool { name: "helm", env: "MIGDRA_HELM", go_mod_dir: "helm", module: "helm.sh/helm/v4", require: REQUIRE };
+
+/// Prometheus' rule checker and tester, for the chart's alerts (tests/library/alerts.rs).
+pub const PROMTOOL: Tool = Tool {
+    name: "promtool",
+    env: "MIGDRA_PROMTOOL",
+    go_mod_dir: "promtool",
+    module: "github.com/prometheus/prometheus",
+    require: super::skip::PROMTOOL,
+};
 
 /// `MIGDRA_REQUIRE_RENDERS=1`: a missing renderer fails the test instead of skipping.
 pub const REQUIRE: &str = super::skip::RENDERS;
 
 impl Tool {
     /// The binary: the variable's, else the cached build of the pinned version; `None` (after
-    /// saying so) when there is none and [`REQUIRE`] is not set.
+    /// saying so) when there is none and its `require` variable is not set.
     ///
     /// # Panics
-    /// The variable names no file, or there is none and [`REQUIRE`] is set.
+    /// The variable names no file, or there is none and its `require` variable is set.
     #[allow(clippy::print_stdout)] // the skip is said in the test's output, as support/slurm.rs does
     pub fn find(self) -> Option<PathBuf> {
         let build = format!("bash hack/build-{}.sh", self.name);
@@ -81,7 +94,7 @@ impl Tool {
             cached.map_or_else(|| "(no cache directory)".into(), |p| p.display().to_string()),
             self.env
         );
-        super::skip::skip(REQUIRE, &format!("{}: {why}", self.name));
+        super::skip::skip(self.require, &format!("{}: {why}", self.name));
         None
     }
 

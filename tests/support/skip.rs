@@ -8,6 +8,8 @@ pub const SLURM: &str = "MIGDRA_REQUIRE_SLURM";
 pub const RENDERS: &str = "MIGDRA_REQUIRE_RENDERS";
 /// `MIGDRA_REQUIRE_BRIDGE=1`: missing slurm-bridge binaries (hack/build-bridge.sh) fail the test.
 pub const BRIDGE: &str = "MIGDRA_REQUIRE_BRIDGE";
+/// `MIGDRA_REQUIRE_PROMTOOL=1`: a missing promtool (hack/build-promtool.sh) fails the test.
+pub const PROMTOOL: &str = "MIGDRA_REQUIRE_PROMTOOL";
 /// `MIGDRA_REQUIRE_ROOT=1`: a refused mount or mknod fails the test.
 pub const ROOT: &str = "MIGDRA_REQUIRE_ROOT";
 
