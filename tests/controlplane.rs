@@ -2037,7 +2037,7 @@ fn kubectl_migdra_ok(kubeconfig: &std::path::Path, args: &[&str]) -> String {
 }
 
 /// A claim by name: one request of `class`, with these CEL selectors.
-async fn create_claim(cluster: &Cluster, name: &str, class: &str, selectors: &[String]) {
+async fn create_claim(claims: &Api<ResourceClaim>, name: &str, class: &str, selectors: &[String]) {
     let selectors: Vec<Value> = selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect();
     let claim: ResourceClaim = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": NS},
@@ -2046,7 +2046,7 @@ async fn create_claim(cluster: &Cluster, name: &str, class: &str, selectors: &[S
         ]}}
     }))
     .unwrap();
-    cluster.claims().create(&PostParams::default(), &claim).await.unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
 }
 
 /// `kubectl migdra why` on pods the real scheduler left pending, one per reason: a GPU full
@@ -2072,7 +2072,7 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
         ("small-5", "mig-1g.10gb", vec![format!("{} == 0 && {} == 5", attr("slurmGpuIndex"), attr("placementStart"))]),
     ];
     for (name, class, selectors) in &held {
-        create_claim(&cluster, name, class, selectors).await;
+        create_claim(&cluster.claims(), name, class, selectors).await;
         cluster.create_pod(name, "", Some(name)).await;
         assert_eq!(cluster.outcome(name, Duration::from_secs(60)).await, Outcome::Bound, "{name}");
     }
@@ -2084,12 +2084,12 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
 
     // One pending pod per reason.
     cluster.create_pod("frag", "3g.40gb", None).await;
-    create_claim(&cluster, "pinned", "mig-2g.20gb", &[format!("{} == 1", attr("slurmGpuIndex"))]).await;
+    create_claim(&cluster.claims(), "pinned", "mig-2g.20gb", &[format!("{} == 1", attr("slurmGpuIndex"))]).await;
     cluster.create_pod("pinned", "", Some("pinned")).await;
-    create_claim(&cluster, "unpublished", "mig", &[format!("{} == \"3g.71gb\"", attr("profile"))]).await;
+    create_claim(&cluster.claims(), "unpublished", "mig", &[format!("{} == \"3g.71gb\"", attr("profile"))]).await;
     cluster.create_pod("unpublished", "", Some("unpublished")).await;
     create_claim(
-        &cluster,
+        &cluster.claims(),
         "nomatch",
         "mig-1g.10gb",
         &[format!("{} == \"NVIDIA A100-SXM4-40GB\"", attr("productName"))],
@@ -2224,7 +2224,7 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
         .create(&PostParams::default(), &other)
         .await
         .unwrap();
-    create_claim(&cluster, "other", "other-driver", &[]).await;
+    create_claim(&cluster.claims(), "other", "other-driver", &[]).await;
     cluster.create_pod("other", "", Some("other")).await;
     fails(&["why", "other", "-n", NS], &kc, 2, "pod team-a/other has no claim for mig.slinky.slurm.net devices");
     fails(&["usage", "--driver-name", "other.example.com"], &kc, 1, "no node publishes other.example.com devices");
@@ -2233,4 +2233,238 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
     let port = text.split("https://").nth(1).and_then(|r| r.split(['/', '\n', '"']).next()).unwrap().to_string();
     std::fs::write(&dead, text.replace(&port, "127.0.0.1:9")).unwrap();
     fails(&["usage"], &dead, 1, "failed to read ResourceSlices from https://127.0.0.1:9");
+}
+
+/// A pod of `claims` (`{"name", "resourceClaimName" | "resourceClaimTemplateName"}`), one
+/// container using them all, with `spec` merged into its spec (nodeSelector, affinity, ...).
+async fn create_pod_with(pods: &Api<Pod>, name: &str, claims: &[Value], spec: Value) {
+    let uses: Vec<Value> = claims.iter().map(|c| json!({"name": c["name"]})).collect();
+    let mut pod = json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": false,
+            "resourceClaims": claims,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": uses}}]
+        }
+    });
+    for (k, v) in spec.as_object().unwrap() {
+        pod["spec"][k] = v.clone();
+    }
+    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+}
+
+/// `kubectl migdra why` where the answer is on the Node side or across a pod's claims, on three
+/// nodes of mixed models: gpu-a (2 × H100, migdra), gpu-b (1 × A100-40GB, migdra; tainted, then
+/// NotReady), gpu-c (opted in to migdra, which is not running there). One pending pod per class of
+/// answer: a two-claim pod that fits one claim but not both, a GPU whose placements are held by
+/// claims of the same profile (a pod pinned to it), a nodeSelector, a required node affinity, untolerated node taints,
+/// a NotReady node, a node that publishes nothing, a claim allocated on another node, the
+/// project's own `notebook-1g` template, and a pod no scheduler has tried. Every expected line
+/// is checked before the test fails, so one run on an older `kubectl migdra` lists all it gets
+/// wrong. Then `usage` by node and by node label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_migdra_why_reads_nodes_and_whole_pods_on_several_nodes() {
+    let _serial = SERIAL.lock().await;
+    let cp = ControlPlane::start().await;
+    println!("control plane: {} (started in {:.1?})", cp.versions, cp.startup);
+    let client = cp.client().await;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+    for file in ["daemonset/base/deviceclasses.yaml", "daemonset/examples/claim-templates.yaml"] {
+        apply(&client, &repo().join(file), NS).await;
+    }
+    let nodes_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for (name, pool) in [("gpu-a", "a"), ("gpu-b", "b"), ("gpu-c", "c")] {
+        create_node(&client, name).await;
+        let labels = json!({"metadata": {"labels": {"pool": pool, format!("{DRIVER}/enabled"): "true"}}});
+        nodes_api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&labels)).await.unwrap();
+    }
+    let kc = cp.kubeconfig().to_path_buf();
+    let node_a = NodeDir::new().named("gpu-a").simulate("h100-80gb:2").kubeconfig(kc.clone());
+    let node_b = NodeDir::new().named("gpu-b").simulate("a100-40gb:1").kubeconfig(kc.clone());
+    let _daemons = [node_a.serve().ready().await, node_b.serve().ready().await];
+    let explain = || cp.logs();
+    let published = pool(&client, "gpu-a", Duration::from_secs(60), explain).await.0;
+    pool(&client, "gpu-b", Duration::from_secs(60), explain).await;
+    // The minor of gpu-a's GPU with Slurm index k, as device names carry it.
+    let minor_of = |k: i64| -> u32 {
+        let d = published
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .find(|d| d.attributes.as_ref().and_then(|a| a.get("slurmGpuIndex")).and_then(|a| a.int) == Some(k));
+        DeviceName::parse(&d.unwrap().name).unwrap().minor()
+    };
+    let (s0, s1) = (minor_of(0), minor_of(1));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let attr = |name: &str| format!("device.attributes[\"{DRIVER}\"].{name}");
+    let by_name = |c: &str| json!({"name": c, "resourceClaimName": c});
+    let outcome_of = async |name: &str| outcome(&pods, name, Duration::from_secs(60), || cp.logs()).await;
+
+    // gpu-a: Slurm GPU 0 holds a 2g.20gb at 0 and the claim `shared` (a 1g.10gb, allocated to
+    // the pod `first`) at 2: room for one 3g.40gb, at 4. Slurm GPU 1 holds two 3g.40gb, at 0 and
+    // 4: every 3g.40gb placement there is taken by its own profile.
+    let pin =
+        |k: i64, start: u32| vec![format!("{} == {k} && {} == {start}", attr("slurmGpuIndex"), attr("placementStart"))];
+    for (name, class, selectors) in [
+        ("held-2g", "mig-2g.20gb", pin(0, 0)),
+        ("held-3g-0", "mig-3g.40gb", pin(1, 0)),
+        ("held-3g-4", "mig-3g.40gb", pin(1, 4)),
+        ("shared", "mig-1g.10gb", pin(0, 2)),
+    ] {
+        create_claim(&claims, name, class, &selectors).await;
+        let pod = if name == "shared" { "first" } else { name };
+        create_pod_with(&pods, pod, &[by_name(name)], json!({})).await;
+        assert_eq!(outcome_of(pod).await, Outcome::Bound, "{pod}");
+    }
+
+    // gpu-b: a maintenance taint, then NotReady with the taint the node lifecycle controller adds
+    // (it does not run here).
+    let taints = json!({"spec": {"taints": [
+        {"key": "example.com/maintenance", "value": "yes", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    ]}});
+    nodes_api.patch("gpu-b", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&taints)).await.unwrap();
+    let not_ready = json!({"status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "the test"}
+    ]}});
+    nodes_api
+        .patch_status("gpu-b", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&not_ready))
+        .await
+        .unwrap();
+
+    // The pending pods.
+    let template = |c: &str, t: &str| json!({"name": c, "resourceClaimTemplateName": t});
+    let a100_1g = vec![format!("{} == \"1g.5gb\"", attr("profile"))];
+    create_pod_with(&pods, "two-3g", &[template("one", "mig-3g-40gb"), template("two", "mig-3g-40gb")], json!({}))
+        .await;
+    create_pod_with(&pods, "sel-b", &[template("gpu", "mig-1g-10gb")], json!({"nodeSelector": {"pool": "b"}})).await;
+    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["c"]}]}
+    ]}}});
+    create_pod_with(&pods, "aff-c", &[template("gpu", "notebook-1g")], json!({"affinity": affinity})).await;
+    create_claim(&claims, "on-b", "mig", &a100_1g).await;
+    create_pod_with(&pods, "on-b", &[by_name("on-b")], json!({})).await;
+    create_claim(&claims, "tied-b", "mig", &a100_1g).await;
+    create_pod_with(&pods, "tied", &[by_name("shared"), by_name("tied-b")], json!({})).await;
+    create_claim(&claims, "pinned-3g", "mig-3g.40gb", &[format!("{} == 1", attr("slurmGpuIndex"))]).await;
+    create_pod_with(&pods, "pinned-3g", &[by_name("pinned-3g")], json!({})).await;
+    create_claim(&claims, "untried", "mig-1g.10gb", &[]).await;
+    create_pod_with(&pods, "untried", &[by_name("untried")], json!({"schedulerName": "no-such-scheduler"})).await;
+    for pod in ["two-3g", "pinned-3g", "sel-b", "aff-c", "on-b", "tied"] {
+        assert!(matches!(outcome_of(pod).await, Outcome::Unschedulable(_)), "{pod} was bound");
+    }
+
+    let gpu = |minor: u32, slurm: i64| {
+        format!(
+            "gpu-a gpu-{minor} (GPU {}, slurm {slurm})",
+            node_a.minors().iter().position(|m| *m == u64::from(minor)).unwrap()
+        )
+    };
+    let mut wrong = Vec::new();
+    let mut expect = |pod: &str, wants: &[String]| {
+        let text = kubectl_migdra_ok(&kc, &["why", pod, "-n", NS]);
+        println!("kubectl migdra why {pod}:\n{text}");
+        for want in wants {
+            if !text.contains(want.as_str()) {
+                wrong.push(format!("why {pod}: missing {want:?}"));
+            }
+        }
+        // Each of these pods fits nowhere; the one no scheduler tried may well fit.
+        for never in ["fits now", "0 matching devices"] {
+            if text.contains(never) && pod != "untried" {
+                wrong.push(format!("why {pod}: says {never:?}"));
+            }
+        }
+    };
+    let silent = "opted in to migdra but publishing no devices: gpu-c".to_string();
+    expect(
+        "two-3g",
+        &[
+            format!("fits alone, not beside the other requests: {}", gpu(s0, 0)),
+            "no node takes all 2 pending requests at once".into(),
+            silent.clone(),
+        ],
+    );
+    expect(
+        "pinned-3g",
+        &[
+            format!("{}: taken: every matching device is held, by {NS}/held-3g-", gpu(s1, 1)),
+            format!("pinned to Slurm GPU 1 (slurmGpuIndex); without the pin it would fit on {}", gpu(s0, 0)),
+        ],
+    );
+    expect("sel-b", &["gpu-a: the pod cannot go there: nodeSelector pool=b: the node has pool=a".into()]);
+    expect(
+        "aff-c",
+        &[
+            "gpu-a: the pod cannot go there: required node affinity: none of its terms matches".into(),
+            "matching devices on 2 nodes".into(),
+            silent.clone(),
+        ],
+    );
+    expect(
+        "on-b",
+        &[
+            "gpu-b: the pod cannot go there: taint example.com/maintenance=yes:NoSchedule not tolerated; \
+             taint node.kubernetes.io/not-ready:NoSchedule not tolerated"
+                .into(),
+            "NotReady: gpu-b".into(),
+        ],
+    );
+    expect(
+        "tied",
+        &[
+            "claim shared is allocated on node gpu-a: the pod can only run there".into(),
+            "claim shared of the pod is allocated on node gpu-a".into(),
+        ],
+    );
+    expect("untried", &["the scheduler has not tried the pod yet (no PodScheduled condition)".into()]);
+
+    // usage: the silent node named; filtered by node name and by node label.
+    let text = kubectl_migdra_ok(&kc, &["usage"]);
+    if !text.contains("NODE gpu-c  opted in to migdra, publishes nothing") {
+        wrong.push(format!("usage: gpu-c not named:\n{text}"));
+    }
+    // What the command says, or (on an older kubectl migdra) its error, for the checks below.
+    let said = |args: &[&str]| {
+        let out = kubectl_migdra(&kc, args);
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let text = said(&["usage", "--summary"]);
+    println!("kubectl migdra usage --summary:\n{text}");
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split_whitespace().collect()).collect();
+    for want in [
+        vec!["gpu-a", "2", "11/16", "4", "0"],
+        vec!["gpu-b", "1", "0/8", "0", "0"],
+        vec!["gpu-c", "-", "publishes", "nothing", "-", "-"],
+    ] {
+        if !rows.contains(&want) {
+            wrong.push(format!("usage --summary: no row {want:?}:\n{text}"));
+        }
+    }
+    let nodes_of = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["usage", "-o", "json"];
+        all.extend(args);
+        let json: Value = serde_json::from_str(&said(&all)).unwrap_or_default();
+        let nodes = json["nodes"].as_array().into_iter().flatten();
+        nodes.map(|n| n["node"].as_str().unwrap_or_default().to_string()).collect()
+    };
+    for (args, want) in [
+        (&["--node", "gpu-b"][..], vec!["gpu-b"]),
+        (&["--node", "gpu-a,gpu-b"][..], vec!["gpu-a", "gpu-b"]),
+        (&["-l", "pool=a"][..], vec!["gpu-a"]),
+        (&["-l", "pool in (a,b)"][..], vec!["gpu-a", "gpu-b"]),
+    ] {
+        let got = nodes_of(args);
+        if got != want {
+            wrong.push(format!("usage {args:?}: nodes {got:?}, want {want:?}"));
+        }
+    }
+    let out = kubectl_migdra(&kc, &["usage", "--node", "gpu-z"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(2) || !err.contains("gpu-z") || err.lines().count() != 1 {
+        wrong.push(format!("usage --node gpu-z: {:?} {err}", out.status.code()));
+    }
+    assert!(wrong.is_empty(), "{} wrong:\n{}", wrong.len(), wrong.join("\n"));
 }

@@ -26,6 +26,20 @@ pub struct WhyArgs {
     namespace: Option<String>,
 }
 
+/// Which nodes `usage` draws, and how.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct UsageArgs {
+    /// Only these nodes (comma-separated, or the flag repeated)
+    #[arg(long = "node", value_name = "NAME", value_delimiter = ',')]
+    nodes: Vec<String>,
+    /// Only the nodes whose labels match this selector (kubectl's -l syntax; reads the Nodes)
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    selector: Option<String>,
+    /// One line per node instead of its GPUs' slices (the table output; -o json is always whole)
+    #[arg(long)]
+    summary: bool,
+}
+
 /// `kubectl migdra`: the plugin's own command line, with only what its two commands read (the
 /// binary is the node daemon too, whose flags mean nothing here).
 #[derive(Debug, Parser)]
@@ -47,7 +61,7 @@ pub struct PluginCli {
 enum PluginCommand {
     /// Every migdra node's GPUs: memory slices with a letter per claim, taints, and per profile
     /// the placements in use and free now
-    Usage,
+    Usage(UsageArgs),
     /// Why a pod (or claim/NAME) is pending: per request, the matching devices and, per GPU, what
     /// keeps them from it
     Why(WhyArgs),
@@ -81,7 +95,7 @@ impl Flags {
 /// Run `kubectl migdra` with these arguments, writing to `out`.
 pub fn plugin(cli: PluginCli, out: &mut dyn Write) -> CliResult {
     match cli.command {
-        PluginCommand::Usage => usage(&cli.flags, out),
+        PluginCommand::Usage(args) => usage(&args, &cli.flags, out),
         PluginCommand::Why(args) => why(&args, &cli.flags, out),
     }
 }
@@ -95,13 +109,24 @@ struct Snapshot {
     classes: Vec<DeviceClass>,
     /// The Node objects; `None` when they could not be read (an operator without `list nodes`).
     nodes: Option<Vec<NodeView>>,
+    /// The nodes a `-l` selector matches, when one was given.
+    selected: Option<Vec<String>>,
 }
 
-pub fn usage(global: &Flags, out: &mut dyn Write) -> CliResult {
-    let (snap, _) = read(global, None, None)?;
-    let cluster = Cluster::build(&global.driver_name, snap.slices, &snap.claims);
+/// What the caller reads besides the slices, claims and classes.
+#[derive(Default)]
+struct Wanted<'a> {
+    namespace: Option<&'a str>,
+    pod: Option<&'a str>,
+    /// A label selector: the names of the Nodes it matches, in [`Snapshot::selected`].
+    node_selector: Option<&'a str>,
+}
+
+pub fn usage(args: &UsageArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
+    let (snap, _) = read(global, Wanted { node_selector: args.selector.as_deref(), ..Wanted::default() })?;
+    let mut cluster = Cluster::build(&global.driver_name, snap.slices, &snap.claims);
     let publishing: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
-    let silent: Vec<String> =
+    let mut silent: Vec<String> =
         nodes::silent(&global.driver_name, snap.nodes.as_deref().unwrap_or_default(), &publishing)
             .into_iter()
             .map(str::to_string)
@@ -109,10 +134,15 @@ pub fn usage(global: &Flags, out: &mut dyn Write) -> CliResult {
     if cluster.nodes.is_empty() {
         return Err(no_nodes(&global.driver_name, &snap.server, &silent));
     }
+    if let Some(keep) = chosen(args, global, snap.selected.as_deref(), &publishing, &silent)? {
+        cluster.nodes.retain(|n| keep.contains(&n.name));
+        silent.retain(|n| keep.contains(n));
+    }
     let mut u = usage::usage(&cluster);
     u.silent = silent;
     match global.output {
         Format::Json | Format::Yaml => output::data(out, global.output, &u)?,
+        Format::Table if args.summary => summary(&u, out)?,
         Format::Table => picture(&u, out)?,
     }
     exit_without_freeing(cluster);
@@ -135,7 +165,7 @@ pub fn why(args: &WhyArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
         return Err(CliError::Usage(format!("{:?}: the name is empty", args.target)));
     }
     let want = (kind == Kind::Pod).then_some(name);
-    let (snap, pod) = read(global, args.namespace.as_deref(), want)?;
+    let (snap, pod) = read(global, Wanted { namespace: args.namespace.as_deref(), pod: want, node_selector: None })?;
     let driver = &global.driver_name;
     let ns = &snap.namespace;
     let find = |claim: &str| {
@@ -229,6 +259,45 @@ fn pod_claims<'a>(pod: &Pod, find: &dyn Fn(&str) -> Option<&'a ResourceClaim>) -
         .collect()
 }
 
+/// The nodes `--node` and `-l` leave (publishing or silent); `None`: no filter. A name that is
+/// neither, or a selector that leaves none, is the user's mistake, said in one line.
+fn chosen(
+    args: &UsageArgs,
+    global: &Flags,
+    selected: Option<&[String]>,
+    publishing: &[&str],
+    silent: &[String],
+) -> Result<Option<std::collections::BTreeSet<String>>, CliError> {
+    let known = |n: &str| publishing.contains(&n) || silent.iter().any(|s| s == n);
+    let mut keep: Option<std::collections::BTreeSet<String>> = None;
+    if !args.nodes.is_empty() {
+        if let Some(bad) = args.nodes.iter().find(|n| !known(n)) {
+            return Err(CliError::Usage(format!(
+                "--node {bad:?}: no such node publishes {} devices; nodes that do: {}",
+                global.driver_name,
+                publishing.join(", ")
+            )));
+        }
+        keep = Some(args.nodes.iter().cloned().collect());
+    }
+    if let Some(selector) = &args.selector {
+        let matching = selected.unwrap_or_default();
+        let by_label: std::collections::BTreeSet<String> = matching.iter().filter(|n| known(n)).cloned().collect();
+        if by_label.is_empty() {
+            return Err(CliError::Usage(format!(
+                "-l {selector:?}: no node that publishes {} devices matches ({} of the cluster's nodes do)",
+                global.driver_name,
+                matching.len()
+            )));
+        }
+        keep = Some(match keep {
+            Some(k) => k.intersection(&by_label).cloned().collect(),
+            None => by_label,
+        });
+    }
+    Ok(keep)
+}
+
 fn no_nodes(driver: &str, server: &str, silent: &[String]) -> CliError {
     let opted =
         if silent.is_empty() { String::new() } else { format!(" ({} opted in: {})", silent.len(), silent.join(", ")) };
@@ -239,7 +308,8 @@ fn no_nodes(driver: &str, server: &str, silent: &[String]) -> CliError {
 }
 
 /// Slices, claims and classes (and the pod, when asked) from the API server, read concurrently.
-fn read(global: &Flags, namespace: Option<&str>, pod: Option<&str>) -> Result<(Snapshot, Option<Pod>), CliError> {
+fn read(global: &Flags, wanted: Wanted<'_>) -> Result<(Snapshot, Option<Pod>), CliError> {
+    let Wanted { namespace, pod, node_selector } = wanted;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -270,21 +340,39 @@ fn read(global: &Flags, namespace: Option<&str>, pod: Option<&str>) -> Result<(S
                     }
                 },
                 nodes_api.list(&all),
+                async {
+                    match node_selector {
+                        Some(l) => nodes_api.list_metadata(&ListParams::default().labels(l)).await.map(Some),
+                        None => Ok(None),
+                    }
+                },
             )
         };
-        let (slices, claims, classes, found, nodes) = tokio::time::timeout(BUDGET, reads).await.map_err(|_| {
-            CliError::Failed(format!("the API server at {server} did not answer in {}s", BUDGET.as_secs()))
-        })?;
+        let (slices, claims, classes, found, nodes, selected) =
+            tokio::time::timeout(BUDGET, reads).await.map_err(|_| {
+                CliError::Failed(format!("the API server at {server} did not answer in {}s", BUDGET.as_secs()))
+            })?;
         let slices = slices.map_err(|e| failed("ResourceSlices", e))?;
         let claims = claims.map_err(|e| failed("ResourceClaims", e))?.items;
         let classes = classes.map_err(|e| failed("DeviceClasses", e))?.items;
         // Not fatal: without them the answer leaves the Node side out and says so.
         let nodes = nodes.ok().map(|l| l.items.iter().map(NodeView::of).collect());
+        let selected = selected
+            .map_err(|e| match &e {
+                // The API server's own words name what it could not parse.
+                kube::Error::Api(a) if a.code == 400 => CliError::Usage(format!(
+                    "-l {:?}: {}",
+                    node_selector.unwrap_or_default(),
+                    crate::kube::error_text(&e)
+                )),
+                _ => failed("Nodes", e),
+            })?
+            .map(|l| l.items.into_iter().filter_map(|n| n.metadata.name).collect());
         let pod = match (pod, found.map_err(|e| failed("the pod", e))?) {
             (Some(name), Some(None)) => return Err(CliError::Usage(format!("pod {namespace}/{name} not found"))),
             (_, found) => found.flatten(),
         };
-        Ok((Snapshot { server, namespace, slices, claims, classes, nodes }, pod))
+        Ok((Snapshot { server, namespace, slices, claims, classes, nodes, selected }, pod))
     })
 }
 
@@ -317,6 +405,34 @@ async fn slices(client: &kube::Client) -> Result<Vec<wire::Slice>, kube::Error> 
         all.extend(items);
     }
     Ok(all)
+}
+
+/// One line per node: its GPUs, memory slices held, claims and tainted GPUs; then the profiles.
+fn summary(u: &usage::Usage, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut rows: Vec<Vec<String>> = u
+        .nodes
+        .iter()
+        .map(|n| {
+            let slices: usize = n.gpus.iter().map(|g| g.slices.len()).sum();
+            let held: usize = n.gpus.iter().map(|g| g.slices.chars().filter(|c| *c != '.').count()).sum();
+            let claims: std::collections::BTreeSet<&str> =
+                n.gpus.iter().flat_map(|g| g.holders.iter().map(|h| h.claim.as_str())).collect();
+            let tainted = n.gpus.iter().filter(|g| !g.taints.is_empty() || g.lost).count();
+            vec![
+                n.node.clone(),
+                n.gpus.len().to_string(),
+                format!("{held}/{slices}"),
+                claims.len().to_string(),
+                tainted.to_string(),
+            ]
+        })
+        .collect();
+    rows.extend(
+        u.silent.iter().map(|n| vec![n.clone(), "-".into(), "publishes nothing".into(), "-".into(), "-".into()]),
+    );
+    output::table(out, &["NODE", "GPUS", "SLICES HELD", "CLAIMS", "TAINTED GPUS"], &rows)?;
+    writeln!(out)?;
+    profiles(u, out)
 }
 
 /// Per node, per GPU: a header, the slice numbers, one letter per slice (`.` free) and a legend
@@ -361,6 +477,11 @@ fn picture(u: &usage::Usage, out: &mut dyn Write) -> std::io::Result<()> {
         }
     }
     writeln!(out)?;
+    profiles(u, out)
+}
+
+/// Per profile: placements in use, free now, and on how many nodes.
+fn profiles(u: &usage::Usage, out: &mut dyn Write) -> std::io::Result<()> {
     let rows: Vec<Vec<String>> = u
         .profiles
         .iter()

@@ -275,7 +275,7 @@ pub enum Command {
     Demo(demo::Args),
     /// Every migdra node's GPUs from the API server: memory slices with a letter per claim, taints,
     /// and per profile the placements in use and free now. Also `kubectl migdra usage`
-    Usage,
+    Usage(cluster::UsageArgs),
     /// Why a pod (or claim/NAME) is pending: per request, the matching devices and, per GPU, what
     /// keeps them from it (claims holding the slices, fragmentation, a taint, a Slurm pin, a
     /// selector matching nothing). Also `kubectl migdra why`
@@ -328,7 +328,7 @@ pub fn run(cli: Cli, out: &mut dyn std::io::Write) -> CliResult {
         Command::Health(args) => health::run(&args, &cli.global, out),
         Command::Probe(args) => probe::run(&args, &cli.global, out),
         Command::Demo(args) => demo::run(&args, out),
-        Command::Usage => cluster::usage(&cluster::Flags::of(&cli.global), out),
+        Command::Usage(args) => cluster::usage(&args, &cluster::Flags::of(&cli.global), out),
         Command::Why(args) => cluster::why(&args, &cluster::Flags::of(&cli.global), out),
     }
 }

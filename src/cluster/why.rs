@@ -836,19 +836,82 @@ pub fn text(w: &Why) -> Vec<String> {
                 lines.push(format!("    selector: {s}"));
             }
             if !r.fits.is_empty() {
-                let places: Vec<String> = r.fits.iter().map(|p| format!("{} {} {}", p.node, p.gpu, p.device)).collect();
+                let places: Vec<String> =
+                    r.fits.iter().take(SHOWN).map(|p| format!("{} {} {}", p.node, p.gpu, p.device)).collect();
                 let how = if r.alone { "fits alone, not beside the other requests" } else { "fits now" };
-                lines.push(format!("    {how}: {}", places.join(", ")));
+                lines.push(format!("    {how}: {}{}", places.join(", "), more(r.fits.len(), SHOWN, "places")));
             }
-            for reason in &r.reasons {
-                lines.push(format!("    {}", reason_text(reason)));
-            }
+            lines.extend(grouped(&r.reasons).into_iter().map(|l| format!("    {l}")));
         }
     }
     for n in &w.notes {
         lines.push(format!("note: {n}"));
     }
     lines
+}
+
+/// How many places, lines or node names the text shows before "… and N more": a big cluster's
+/// answer stays readable; `-o json` lists everything.
+const SHOWN: usize = 8;
+
+/// ", … and N more WHAT (-o json lists all)" when `total` is over `shown`.
+fn more(total: usize, shown: usize, what: &str) -> String {
+    if total > shown { format!(", … and {} more {what} (-o json lists all)", total - shown) } else { String::new() }
+}
+
+/// The reasons' lines, those that differ only in their node said once with the nodes named
+/// (`node-1, node-2 … (40 nodes) gpu-0 (…): full: …`), and at most [`SHOWN`] lines.
+fn grouped(reasons: &[Reason]) -> Vec<String> {
+    let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+    for r in reasons {
+        let text = reason_text(r);
+        let Some(node) = r.node().filter(|n| text.starts_with(n)) else {
+            groups.push((text, Vec::new()));
+            continue;
+        };
+        let rest = text[node.len()..].to_string();
+        match groups.iter_mut().find(|(t, nodes)| !nodes.is_empty() && *t == rest) {
+            Some((_, nodes)) => nodes.push(node),
+            None => groups.push((rest, vec![node])),
+        }
+    }
+    let mut lines: Vec<String> = groups
+        .iter()
+        .take(SHOWN)
+        .map(|(text, nodes)| match nodes.len() {
+            0 => text.clone(),
+            1 => format!("{}{text}", nodes[0]),
+            n if n <= 3 => format!("{}{text}", nodes.join(", ")),
+            n => format!("{} … ({n} nodes){text}", nodes[..3].join(", ")),
+        })
+        .collect();
+    if groups.len() > SHOWN {
+        lines.push(format!("… and {} more lines (-o json lists all)", groups.len() - SHOWN));
+    }
+    lines
+}
+
+impl Reason {
+    /// The node the reason is about, where it is about one.
+    fn node(&self) -> Option<&str> {
+        match self {
+            Self::Lost { node, .. }
+            | Self::Tainted { node, .. }
+            | Self::Taken { node, .. }
+            | Self::Full { node, .. }
+            | Self::Engines { node, .. }
+            | Self::Fragmented { node, .. }
+            | Self::TooFew { node, .. }
+            | Self::NodeBlocked { node, .. } => Some(node),
+            Self::ClassMissing { .. }
+            | Self::NotPublished { .. }
+            | Self::NoSlurmGpu { .. }
+            | Self::NoMatch
+            | Self::Unevaluable { .. }
+            | Self::SelectorError { .. }
+            | Self::SlurmPin { .. } => None,
+        }
+    }
 }
 
 fn holders_text(hs: &[Holder]) -> String {
@@ -1237,5 +1300,27 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// At 100 nodes the text stays short: reasons that differ only in their node are one line
+    /// naming the nodes, at most [`SHOWN`] lines and places, and what is left is counted.
+    #[test]
+    fn long_answers_are_grouped_and_capped() {
+        let blocked = |n: usize, why: &str| Reason::NodeBlocked { node: format!("node-{n}"), why: vec![why.into()] };
+        let same: Vec<Reason> = (0..100).map(|n| blocked(n, "cordoned (kubectl uncordon)")).collect();
+        assert_eq!(
+            grouped(&same),
+            ["node-0, node-1, node-2 … (100 nodes): the pod cannot go there: cordoned (kubectl uncordon)"]
+        );
+        let two = [blocked(0, "x"), blocked(1, "x")];
+        assert_eq!(grouped(&two), ["node-0, node-1: the pod cannot go there: x"]);
+        let distinct: Vec<Reason> = (0..11).map(|n| blocked(n, &format!("taint t{n}"))).collect();
+        let lines = grouped(&distinct);
+        assert_eq!(lines.len(), SHOWN + 1, "{lines:?}");
+        assert_eq!(lines[0], "node-0: the pod cannot go there: taint t0");
+        assert_eq!(lines[SHOWN], "… and 3 more lines (-o json lists all)");
+        assert_eq!(grouped(&[Reason::NoMatch]), ["the selectors match no published device"]);
+        assert_eq!(more(20, SHOWN, "places"), ", … and 12 more places (-o json lists all)");
+        assert_eq!(more(SHOWN, SHOWN, "places"), "");
     }
 }

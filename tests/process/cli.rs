@@ -753,6 +753,10 @@ fn the_kubectl_plugin_has_a_help_of_its_own() {
         assert!(options.iter().any(|o| o.starts_with(wanted)), "{wanted} missing: {options:?}");
     }
     assert!(options.len() <= 6, "only what why reads: {options:?}");
+    let usage = help(&["usage", "--help"]);
+    for wanted in ["--node <NAME>", "-l, --selector <SELECTOR>", "--summary"] {
+        assert!(usage.contains(wanted), "{wanted} missing:\n{usage}");
+    }
     // The same binary under its own name keeps the node's command line.
     assert!(ok(&["--help"]).contains("serve"));
 }
