@@ -2377,6 +2377,10 @@ async fn kubectl_migdra_why_reads_nodes_and_whole_pods_on_several_nodes() {
                 wrong.push(format!("why {pod}: says {never:?}"));
             }
         }
+        // The request's own selectors only: the class's CEL is in -o json.
+        if text.contains("selector: device.driver") {
+            wrong.push(format!("why {pod}: prints the class's CEL"));
+        }
     };
     let silent = "opted in to migdra but publishing no devices: gpu-c".to_string();
     expect(
@@ -2420,6 +2424,14 @@ async fn kubectl_migdra_why_reads_nodes_and_whole_pods_on_several_nodes() {
         ],
     );
     expect("untried", &["the scheduler has not tried the pod yet (no PodScheduled condition)".into()]);
+
+    let out = kubectl_migdra(&kc, &["why", "pinned-3g", "-n", NS, "-o", "json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let request = &json["claims"][0]["requests"][0];
+    let class_cel = request["classSelectors"][0].as_str().unwrap_or_default();
+    if !class_cel.contains("profile == \"3g.40gb\"") || request["selectors"].as_array().map(Vec::len) != Some(1) {
+        wrong.push(format!("why pinned-3g -o json: class and request selectors apart: {request}"));
+    }
 
     // usage: the silent node named; filtered by node name and by node label.
     let text = kubectl_migdra_ok(&kc, &["usage"]);

@@ -101,6 +101,9 @@ pub struct ClaimWhy {
 pub struct RequestWhy {
     pub request: String,
     pub class: String,
+    /// The class's own CEL: in `-o json`, not in the text (the class's name says it there).
+    pub class_selectors: Vec<String>,
+    /// The request's own selectors.
     pub selectors: Vec<String>,
     /// `1`, `2`, … or `all`.
     pub count: String,
@@ -438,6 +441,7 @@ fn request_why(
     let mut out = RequestWhy {
         request: r.name.clone(),
         class: r.class.to_string(),
+        class_selectors: Vec::new(),
         selectors: Vec::new(),
         count: if r.mode_all { "all".into() } else { r.count.to_string() },
         matching_devices: 0,
@@ -452,7 +456,9 @@ fn request_why(
         return (out, Vec::new());
     };
     let exprs = expressions(class, r);
-    out.selectors = exprs.iter().map(|e| e.to_string()).collect();
+    let own = r.selectors.len();
+    out.class_selectors = exprs[..exprs.len() - own].iter().map(|e| e.to_string()).collect();
+    out.selectors = exprs[exprs.len() - own..].iter().map(|e| e.to_string()).collect();
     let selectors: Vec<Selector> = exprs.iter().map(|e| Selector::parse(e)).collect();
     let scan = scan(cluster, &selectors);
     if !scan.unknown.is_empty() {
