@@ -285,9 +285,9 @@ fn chosen(
         let by_label: std::collections::BTreeSet<String> = matching.iter().filter(|n| known(n)).cloned().collect();
         if by_label.is_empty() {
             return Err(CliError::Usage(format!(
-                "-l {selector:?}: no node that publishes {} devices matches ({} of the cluster's nodes do)",
-                global.driver_name,
-                matching.len()
+                "-l {selector:?}: {} node(s) match, none of them publishing {} devices",
+                matching.len(),
+                global.driver_name
             )));
         }
         keep = Some(match keep {
