@@ -25,8 +25,7 @@ source "$hack/lib.sh"
 command -v go >/dev/null || die "go is not on PATH; helm is built from its Go module (needs Go >= 1.26)"
 
 # The one place the version is written is go.mod.
-version=$(awk '$1 == "require" && $2 == "helm.sh/helm/v4" { print $3; exit }' "$mod/go.mod")
-[[ -n $version ]] || die "no 'require helm.sh/helm/v4 vX' line in $mod/go.mod"
+version=$(required_version "$mod/go.mod" helm.sh/helm/v4)
 
 bin=${MIGDRA_CACHE:-$HOME/.cache/migdra}/helm-$version/bin
 out=$bin/helm

@@ -24,8 +24,7 @@ source "$hack/lib.sh"
 command -v go >/dev/null || die "go is not on PATH; kustomize is built from its Go module (needs Go >= 1.26)"
 
 # The one place the version is written is go.mod.
-version=$(awk '$1 == "require" && $2 == "sigs.k8s.io/kustomize/kustomize/v5" { print $3; exit }' "$mod/go.mod")
-[[ -n $version ]] || die "no 'require sigs.k8s.io/kustomize/kustomize/v5 vX' line in $mod/go.mod"
+version=$(required_version "$mod/go.mod" sigs.k8s.io/kustomize/kustomize/v5)
 
 bin=${MIGDRA_CACHE:-$HOME/.cache/migdra}/kustomize-$version/bin
 out=$bin/kustomize

@@ -29,8 +29,7 @@ runc_version=v1.5.3
 crictl_version=v1.37.0
 
 command -v go >/dev/null || die "go is not on PATH; the node is built from Go modules (needs Go >= 1.26)"
-kube_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3; exit }' "$kube_mod/go.mod")
-[[ -n $kube_version ]] || die "no 'require k8s.io/kubernetes vX' line in $kube_mod/go.mod"
+kube_version=$(required_version "$kube_mod/go.mod" k8s.io/kubernetes)
 
 cache=${MIGDRA_CACHE:-$HOME/.cache/migdra}
 bin=$cache/node-$kube_version-containerd-$containerd_version-runc-$runc_version-crictl-$crictl_version/bin

@@ -27,8 +27,7 @@ command -v go >/dev/null || die "go is not on PATH; promtool is built from its G
 
 # The one place the version is written is go.mod.
 module=github.com/prometheus/prometheus
-version=$(awk -v m=$module '$1 == "require" && $2 == m { print $3; exit }' "$mod/go.mod")
-[[ -n $version ]] || die "no 'require $module vX' line in $mod/go.mod"
+version=$(required_version "$mod/go.mod" $module)
 
 bin=${MIGDRA_CACHE:-$HOME/.cache/migdra}/promtool-$version/bin
 out=$bin/promtool

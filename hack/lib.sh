@@ -33,3 +33,12 @@ enter_go_cache() {
 	export GOFLAGS="-mod=readonly -buildvcs=false"
 	log "go: $(go version); GOTOOLCHAIN=$GOTOOLCHAIN"
 }
+
+# required_version GO_MOD MODULE: the version in GO_MOD's one-line `require MODULE vX`, the one
+# place each tool's version is written; dies when there is no such line.
+required_version() {
+	local v
+	v=$(awk -v m="$2" '$1 == "require" && $2 == m { print $3; exit }' "$1")
+	[[ -n $v ]] || die "no 'require $2 vX' line in $1"
+	echo "$v"
+}

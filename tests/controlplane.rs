@@ -2473,6 +2473,12 @@ async fn kubectl_migdra_why_reads_nodes_and_whole_pods_on_several_nodes() {
             wrong.push(format!("usage {args:?}: nodes {got:?}, want {want:?}"));
         }
     }
+    // A selector the API server cannot parse: its words, one line, exit 2.
+    let out = kubectl_migdra(&kc, &["usage", "-l", "pool in"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(2) || !err.contains("-l \"pool in\"") || err.lines().count() != 1 {
+        wrong.push(format!("usage -l 'pool in': {:?} {err}", out.status.code()));
+    }
     let out = kubectl_migdra(&kc, &["usage", "--node", "gpu-z"]);
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.code() != Some(2) || !err.contains("gpu-z") || err.lines().count() != 1 {

@@ -11,6 +11,7 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kube::api::{Api, ListParams};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::Duration;
 
@@ -115,7 +116,7 @@ struct Snapshot {
 
 /// What the caller reads besides the slices, claims and classes.
 #[derive(Default)]
-struct Wanted<'a> {
+struct Reads<'a> {
     namespace: Option<&'a str>,
     pod: Option<&'a str>,
     /// A label selector: the names of the Nodes it matches, in [`Snapshot::selected`].
@@ -123,7 +124,7 @@ struct Wanted<'a> {
 }
 
 pub fn usage(args: &UsageArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
-    let (snap, _) = read(global, Wanted { node_selector: args.selector.as_deref(), ..Wanted::default() })?;
+    let (snap, _) = read(global, Reads { node_selector: args.selector.as_deref(), ..Reads::default() })?;
     let mut cluster = Cluster::build(&global.driver_name, snap.slices, &snap.claims);
     let publishing: Vec<&str> = cluster.nodes.iter().map(|n| n.name.as_str()).collect();
     let mut silent: Vec<String> =
@@ -165,7 +166,7 @@ pub fn why(args: &WhyArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
         return Err(CliError::Usage(format!("{:?}: the name is empty", args.target)));
     }
     let want = (kind == Kind::Pod).then_some(name);
-    let (snap, pod) = read(global, Wanted { namespace: args.namespace.as_deref(), pod: want, node_selector: None })?;
+    let (snap, pod) = read(global, Reads { namespace: args.namespace.as_deref(), pod: want, node_selector: None })?;
     let driver = &global.driver_name;
     let ns = &snap.namespace;
     let find = |claim: &str| {
@@ -267,9 +268,9 @@ fn chosen(
     selected: Option<&[String]>,
     publishing: &[&str],
     silent: &[String],
-) -> Result<Option<std::collections::BTreeSet<String>>, CliError> {
+) -> Result<Option<BTreeSet<String>>, CliError> {
     let known = |n: &str| publishing.contains(&n) || silent.iter().any(|s| s == n);
-    let mut keep: Option<std::collections::BTreeSet<String>> = None;
+    let mut keep: Option<BTreeSet<String>> = None;
     if !args.nodes.is_empty() {
         if let Some(bad) = args.nodes.iter().find(|n| !known(n)) {
             return Err(CliError::Usage(format!(
@@ -282,7 +283,7 @@ fn chosen(
     }
     if let Some(selector) = &args.selector {
         let matching = selected.unwrap_or_default();
-        let by_label: std::collections::BTreeSet<String> = matching.iter().filter(|n| known(n)).cloned().collect();
+        let by_label: BTreeSet<String> = matching.iter().filter(|n| known(n)).cloned().collect();
         if by_label.is_empty() {
             return Err(CliError::Usage(format!(
                 "-l {selector:?}: {} node(s) match, none of them publishing {} devices",
@@ -308,8 +309,8 @@ fn no_nodes(driver: &str, server: &str, silent: &[String]) -> CliError {
 }
 
 /// Slices, claims and classes (and the pod, when asked) from the API server, read concurrently.
-fn read(global: &Flags, wanted: Wanted<'_>) -> Result<(Snapshot, Option<Pod>), CliError> {
-    let Wanted { namespace, pod, node_selector } = wanted;
+fn read(global: &Flags, reads: Reads<'_>) -> Result<(Snapshot, Option<Pod>), CliError> {
+    let Reads { namespace, pod, node_selector } = reads;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -415,7 +416,7 @@ fn summary(u: &usage::Usage, out: &mut dyn Write) -> std::io::Result<()> {
         .map(|n| {
             let slices: usize = n.gpus.iter().map(|g| g.slices.len()).sum();
             let held: usize = n.gpus.iter().map(|g| g.slices.chars().filter(|c| *c != '.').count()).sum();
-            let claims: std::collections::BTreeSet<&str> =
+            let claims: BTreeSet<&str> =
                 n.gpus.iter().flat_map(|g| g.holders.iter().map(|h| h.claim.as_str())).collect();
             let tainted = n.gpus.iter().filter(|g| !g.taints.is_empty() || g.lost).count();
             vec![
