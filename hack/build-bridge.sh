@@ -25,14 +25,18 @@
 # for the loop of docs/bridge-contract.md, written as an upstream pull request,
 # hack/slurm-bridge/PULL_REQUEST.md), cached apart by the series' hash:
 #   .../slurm-bridge-<commit>-k8s-<go.mod hash>+migdra-<hash>/bin/
-# and runs the bridge's own unit tests of every package the series touches first; the build
-# stops when they fail. The bridge's controller suites start an API server (controller-runtime's
-# envtest): they get etcd and kube-apiserver from the project's 1.37 control plane
-# (hack/build-controlplane.sh, cached; it waits while another process builds it), or from
-# KUBEBUILDER_ASSETS when set. The unchanged and the patched bridge share the Go build cache, so the
-# second one costs little more than the packages the series changes.
+# The unchanged and the patched bridge share the Go build cache, so the second one costs little
+# more than the packages the series changes.
 #
-# Usage: hack/build-bridge.sh [--patched] [--bin-dir] [--peers]
+# --patched --unit-tests runs the bridge's own unit tests of every package the series touches
+# instead of building, once per series: a pass leaves unit-tests-passed beside bin/, and a run that
+# finds it says so and runs nothing. They are a step of their own so that CI can run them after the
+# binaries its tests wait for (they cost more than the patched build itself). The bridge's
+# controller suites start an API server (controller-runtime's envtest): they get etcd and
+# kube-apiserver from the project's 1.37 control plane (hack/build-controlplane.sh, cached; it waits
+# while another process builds it), or from KUBEBUILDER_ASSETS when set.
+#
+# Usage: hack/build-bridge.sh [--patched [--unit-tests]] [--bin-dir] [--peers]
 #   --bin-dir: print the bin directory and exit, building nothing (.ci/run names it before the
 #   build it starts in the background is done).
 #   --peers: print the bridge's archive and exit, or fail when the archives are not found.
@@ -72,14 +76,17 @@ find_peers() {
 
 patched=false
 print_bin=false
+unit_tests=false
 for arg in "$@"; do
 	case $arg in
 		--patched) patched=true ;;
+		--unit-tests) unit_tests=true ;;
 		--bin-dir) print_bin=true ;;
 		--peers) find_peers; echo "$bridge_tar"; exit 0 ;;
-		*) die "unknown argument '$arg' (usage: $0 [--patched] [--bin-dir] [--peers])" ;;
+		*) die "unknown argument '$arg' (usage: $0 [--patched [--unit-tests]] [--bin-dir] [--peers])" ;;
 	esac
 done
+$patched || ! $unit_tests || die "--unit-tests is for the patch series: use --patched --unit-tests"
 patches=()
 # The control plane whose Kubernetes and library versions the bridge is built with (see above).
 kube_mod=$hack/controlplane-1.36
@@ -101,7 +108,14 @@ all_there() {
 	local c
 	for c in "${all[@]}"; do [[ -x $bin/$c ]] || return 1; done
 }
-enter_go_cache "$bin" "slurm-bridge ${all[*]}" "$bin" all_there
+passed=$root/unit-tests-passed
+tests_passed() { [[ -f $passed ]]; }
+# Both steps unpack into the same place: they take the same lock (bin/.lock).
+if $unit_tests; then
+	enter_go_cache "$bin" "the bridge's unit tests with the patch series: passed once" "$passed" tests_passed
+else
+	enter_go_cache "$bin" "slurm-bridge ${all[*]}" "$bin" all_there
+fi
 find_peers
 # The bridge's go.sum has no line for the replaced slurm-client, so its own build lets the go
 # command complete go.sum (in the cache's copy, never in the archive).
@@ -143,6 +157,8 @@ if [[ ${#patches[@]} -gt 0 ]]; then
 		while read -r dir; do packages+=("./$dir"); done < <(awk '/^\+\+\+ b\/.*\.go$/ { sub(/^\+\+\+ b\//, ""); sub(/\/[^\/]*$/, ""); print }' "$p")
 	done
 	mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+fi
+if $unit_tests; then
 	if [[ -z ${KUBEBUILDER_ASSETS:-} ]]; then
 		KUBEBUILDER_ASSETS=$(env -u GOFLAGS bash "$hack/build-controlplane.sh" "$hack/controlplane-1.37" etcd kube-apiserver | tail -n 1) ||
 			die "the bridge's envtest suites need etcd and kube-apiserver: hack/build-controlplane.sh failed"
@@ -153,6 +169,9 @@ if [[ ${#patches[@]} -gt 0 ]]; then
 	(cd "$unpacked/slurm-bridge" && go test -count=1 "${packages[@]}") >&2 ||
 		die "the bridge's unit tests fail with the patch series (see above)"
 	log "unit tests passed in $((SECONDS - start))s"
+	touch "$passed"
+	echo "$passed"
+	exit 0
 fi
 kube_version=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$unpacked/slurm-bridge/go.mod")
 log "$variant ($(cat "$unpacked/slurm-bridge/VERSION" 2>/dev/null || echo '?'), k8s.io/kubernetes $kube_version)"

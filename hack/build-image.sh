@@ -21,6 +21,8 @@
 # Usage: hack/build-image.sh [ARCH...]   ARCH: amd64, arm64 (default: both). As root; installs
 #        buildah, the cross compiler and qemu-user with apt-get when missing. Two runs must not
 #        overlap (one image storage).
+#        hack/build-image.sh --archive prints where the amd64 archive is written, building nothing
+#        (.ci/run names it for the tests before its background build is done).
 # Prints: the index's path when written, then the amd64 archive's path, when built, last.
 # Environment: CARGO_TARGET_DIR (default target/); MIGDRA_IMAGE_DIR (default
 #        $CARGO_TARGET_DIR/image): the image storage, the archives and each architecture's files.
@@ -34,6 +36,8 @@ dockerfile=daemonset/image/Dockerfile
 build_cmd='bash hack/release-build.sh "$TARGETARCH" /out/migdra'
 goal_bytes=$((40 * 1000 * 1000))
 all=(amd64 arm64)
+print_archive=false
+[[ ${1:-} == --archive ]] && { print_archive=true; shift; }
 arches=("${@:-${all[@]}}")
 for arch in "${arches[@]}"; do
 	[[ " ${all[*]} " == *" $arch "* ]] || die "architecture '$arch' is not built; use ${all[*]}"
@@ -45,6 +49,10 @@ version=$(awk -F'"' '/^version = / { print $2; exit }' Cargo.toml)
 name=migdra:$version
 archive=$out/migdra-$version.oci.tar
 index=$out/migdra-$version.index.oci.tar
+if $print_archive; then
+	echo "$archive"
+	exit 0
+fi
 
 # The build stage: the lines between the first FROM and the next.
 stage=$(awk '/^FROM / { n++ } n == 1' "$dockerfile")

@@ -33,11 +33,22 @@ done
 # kubelet's timeout). --no-fail-fast: one run shows every failing binary.
 cargo test --locked --workspace --features migdra/crash-points --no-fail-fast --lib --bins "${targets[@]}" \
   -- --show-output 2>&1 | tee "$log"
+# On the older release, the tests whose outcome depends on what the API server and the scheduler
+# do; these five test migdra's own recovery (a crash, a refused watch, an absent server, a
+# rollback, a held device) through plain list, watch and write calls, the same on every release
+# (about 80 s of a CI run).
+same_on_every_release=(
+  a_claim_left_mid_prepare_whose_pod_is_deleted_is_rolled_back
+  a_held_device_stays_published_whatever_the_allowlist
+  a_refused_watch_lists_again_after_a_backoff_not_in_a_loop
+  serve_killed_after_an_api_write_converges_when_started_again
+  serve_waits_for_an_api_server_that_is_not_there_yet
+)
 for var in MIGDRA_CONTROLPLANE_136_BIN; do
   [[ ${!var} != "$MIGDRA_CONTROLPLANE_BIN" ]] || continue
-  echo "=== tests/controlplane.rs, control plane $("${!var}/kube-apiserver" --version)"
+  echo "=== tests/controlplane.rs, control plane $("${!var}/kube-apiserver" --version), but ${same_on_every_release[*]}"
   MIGDRA_CONTROLPLANE_BIN=${!var} cargo test --locked --workspace --features migdra/crash-points \
-    --test controlplane -- --show-output 2>&1 | tee -a "$log"
+    --test controlplane -- --show-output "${same_on_every_release[@]/#/--skip=}" 2>&1 | tee -a "$log"
 done
 if [[ -n $MIGDRA_SLURM_BIN ]]; then
   echo "=== tests/slurm.rs and tests/slurm_loop.rs, Slurm $(/usr/sbin/slurmd -V) (Debian 12)"

@@ -65,7 +65,8 @@ pub fn bin_dir(variant: Variant) -> Option<PathBuf> {
         }
     };
     if let Some(log) = std::env::var_os("MIGDRA_BRIDGE_BUILD_LOG") {
-        wait_for_build(&dir, Path::new(&log));
+        let what = format!("slurm-bridge's build ({})", dir.display());
+        super::background::wait_for(Path::new(&log), &what, "hack/build-bridge.sh");
     }
     if BINARIES.iter().all(|b| dir.join(b).is_file()) {
         return Some(dir);
@@ -76,36 +77,6 @@ pub fn bin_dir(variant: Variant) -> Option<PathBuf> {
         &format!("slurm-bridge's binaries ({variant:?}) are not in {}: {build} builds them", dir.display()),
     );
     None
-}
-
-/// Wait until the background build writing `log` ends: `.ci/run` appends `exit STATUS` to it
-/// then. Panics with the log when it failed.
-#[allow(clippy::print_stdout)] // says what it waits for
-fn wait_for_build(dir: &Path, log: &Path) {
-    let start = Instant::now();
-    let mut said = false;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        match text.lines().rev().find_map(|l| l.strip_prefix("exit ")) {
-            Some("0") => {
-                if said {
-                    println!("slurm-bridge's build ({}) done after {:.0?} of waiting", dir.display(), start.elapsed());
-                }
-                return;
-            }
-            Some(status) => panic!("hack/build-bridge.sh failed ({status}):\n{text}"),
-            None => {}
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(45 * 60),
-            "hack/build-bridge.sh still runs after 45 minutes:\n{text}"
-        );
-        if !said {
-            println!("waiting for slurm-bridge's build in the background ({})", log.display());
-            said = true;
-        }
-        std::thread::sleep(Duration::from_secs(5));
-    }
 }
 
 /// Which scheduler profile the bridge's scheduler runs.

@@ -89,10 +89,14 @@ pub fn bin_dir() -> PathBuf {
     dir
 }
 
-/// The image archives: migdra's (`hack/build-image.sh`, or `$MIGDRA_IMAGE_ARCHIVE`), then the
-/// pause and workload images (`hack/node-images.sh`, built into `dir`).
+/// The image archives: migdra's (`hack/build-image.sh`, or `$MIGDRA_IMAGE_ARCHIVE`; under
+/// `.ci/run` built in the background, `MIGDRA_IMAGE_BUILD_LOG` naming its log, so this waits for
+/// it), then the pause and workload images (`hack/node-images.sh`, built into `dir`).
 pub fn image_archives(dir: &Path) -> Vec<PathBuf> {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if let Some(log) = std::env::var_os("MIGDRA_IMAGE_BUILD_LOG") {
+        super::background::wait_for(Path::new(&log), "migdra's amd64 image", "hack/build-image.sh amd64");
+    }
     let migdra = std::env::var_os("MIGDRA_IMAGE_ARCHIVE").map_or_else(
         || {
             let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo.join("target"), PathBuf::from);

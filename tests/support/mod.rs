@@ -9,6 +9,7 @@
 //! - [`logs`]: the tail of a child's log for a failure message.
 //! - [`skip`]: what a test that cannot run here prints, or the failure `MIGDRA_REQUIRE_*` asks for.
 //! - [`render`]: `kustomize build` and `helm template` of daemonset/, the binaries found alike.
+//! - [`background`]: wait for a build `.ci/run` runs in the background (the bridge, the image).
 //! - [`fake_apiserver`], [`fake_nvml`], [`controlplane`], [`cluster`], [`kubelet_code`],
 //!   [`slurm`], [`kubenode`], [`bridge`]: the other side of each tier: a fake API server, a fake
 //!   libnvidia-ml, a real control plane and what the tests put in it, the kubelet's own code, a
@@ -19,6 +20,7 @@
 //! so unused items are expected and must not fail `clippy -D warnings`.
 #![allow(dead_code)]
 
+pub mod background;
 pub mod bridge;
 pub mod claim;
 pub mod cluster;
