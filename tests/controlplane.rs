@@ -724,6 +724,34 @@ async fn slices_read_back_exactly_as_published() {
     }
     assert!(diff.is_empty(), "the API server stored other values than migdra published:\n{}", diff.join("\n"));
     println!("slices read back exactly as published: {} slices", stored.len());
+    lean_reads_agree(&cluster.cp.client().await).await;
+}
+
+/// `usage` and `why` read slices in the API server's protobuf encoding (`wire::protobuf`, field
+/// numbers written by hand): what they read there must be what they read from its JSON, device
+/// by device, attributes, capacities, counters and taints included.
+async fn lean_reads_agree(client: &kube::Client) {
+    use migdra::cluster::wire;
+    let path = "/apis/resource.k8s.io/v1/resourceslices";
+    let text = client.request_text(http::Request::get(path).body(vec![]).unwrap()).await.unwrap();
+    let json = serde_json::from_str::<wire::List<wire::Slice>>(&text).unwrap().items;
+    let request =
+        http::Request::get(path).header("Accept", wire::protobuf::MEDIA_TYPE).body(kube::client::Body::empty());
+    let response = client.send(request.unwrap()).await.unwrap();
+    let media = response.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(media.as_deref(), Some(wire::protobuf::MEDIA_TYPE), "the API server answers in protobuf");
+    let protobuf = wire::protobuf::items(&response.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert!(!json.is_empty());
+    let devices = json.iter().map(|s| s.spec.devices.len()).sum::<usize>();
+    let taints = json.iter().flat_map(|s| &s.spec.devices).map(|d| d.taints.len()).sum::<usize>();
+    for (j, p) in json.iter().zip(&protobuf) {
+        assert_eq!(p, j, "slice of pool {}: protobuf, then JSON", j.spec.pool.name);
+    }
+    assert_eq!(protobuf.len(), json.len(), "slices in protobuf and in JSON");
+    println!(
+        "usage's and why's protobuf read agrees with the JSON: {} slices, {devices} devices, {taints} taints",
+        json.len()
+    );
 }
 
 /// Slices intact on the real server; pods through the real scheduler and the resourceclaim
@@ -1060,6 +1088,7 @@ async fn an_unhealthy_gpu_is_tainted_and_avoided_until_it_recovers() {
         );
         assert!(!added.is_empty(), "{device}: timeAdded is set");
     }
+    lean_reads_agree(&cluster.cp.client().await).await;
 
     // The other H100 takes two 3g.40gb claims; a third fits only on the tainted GPU (at
     // placement 0, beside the 1g instance at the end) and stays pending.
@@ -2486,5 +2515,72 @@ async fn kubectl_migdra_why_reads_nodes_and_whole_pods_on_several_nodes() {
     if out.status.code() != Some(2) || !err.contains("gpu-z") || err.lines().count() != 1 {
         wrong.push(format!("usage --node gpu-z: {:?} {err}", out.status.code()));
     }
+    tenant_answers(&client, &cp, &mut wrong).await;
     assert!(wrong.is_empty(), "{} wrong:\n{}", wrong.len(), wrong.join("\n"));
+}
+
+/// `why` for a tenant whose rights end at their namespace (pods and claims there, as a namespace
+/// admin has; no slices, classes or nodes): the pod's claims as written, said to be unevaluated,
+/// not an error. Then with read access to the slices and classes too, but still only their
+/// namespace's claims: a free device "looks free", never "fits now". `usage` refuses in one line.
+async fn tenant_answers(client: &kube::Client, cp: &ControlPlane, wrong: &mut Vec<String>) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let rules = |resources: &[&str]| {
+        let groups = ["", "resource.k8s.io"];
+        json!([{"apiGroups": groups, "resources": resources, "verbs": ["get", "list"]}])
+    };
+    let subject = json!([{"kind": "User", "name": "tenant", "apiGroup": "rbac.authorization.k8s.io"}]);
+    let role: Role = serde_json::from_value(
+        json!({"metadata": {"name": "tenant", "namespace": NS}, "rules": rules(&["pods", "resourceclaims"])}),
+    )
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({"metadata": {"name": "tenant", "namespace": NS},
+        "subjects": subject, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"}}))
+    .unwrap();
+    Api::<Role>::namespaced(client.clone(), NS).create(&PostParams::default(), &role).await.unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), NS).create(&PostParams::default(), &binding).await.unwrap();
+    let tenant = cp.impersonating_kubeconfig("tenant", &["system:authenticated"], &[]);
+    let out = kubectl_migdra(&tenant, &["why", "two-3g", "-n", NS]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("kubectl migdra why two-3g, as a tenant of {NS}:\n{text}");
+    for want in [
+        "request mig: class mig-3g.40gb, 1 device; devices not evaluated",
+        "  scheduler: ",
+        "note: ResourceSlices, DeviceClasses could not be read (forbidden)",
+        "only the claims of namespace team-a could be read",
+    ] {
+        if !out.status.success() || !text.contains(want) {
+            wrong.push(format!("why two-3g as a tenant: {:?}, missing {want:?}", out.status.code()));
+        }
+    }
+    if text.matches("devices not evaluated").count() != 2 {
+        wrong.push(format!("why two-3g as a tenant: not both claims' requests:\n{text}"));
+    }
+    let out = kubectl_migdra(&tenant, &["usage"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !err.contains("could not be read") || err.lines().count() != 1 {
+        wrong.push(format!("usage as a tenant: {:?} {err}", out.status.code()));
+    }
+
+    // Read access to the cluster-scoped kinds, still not to other namespaces' claims.
+    let reader: ClusterRole = serde_json::from_value(
+        json!({"metadata": {"name": "tenant-reader"}, "rules": rules(&["resourceslices", "deviceclasses", "nodes"])}),
+    )
+    .unwrap();
+    let role_ref = json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tenant-reader"});
+    let binding: ClusterRoleBinding = serde_json::from_value(
+        json!({"metadata": {"name": "tenant-reader"}, "subjects": subject, "roleRef": role_ref}),
+    )
+    .unwrap();
+    Api::<ClusterRole>::all(client.clone()).create(&PostParams::default(), &reader).await.unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.unwrap();
+    let text = String::from_utf8_lossy(&kubectl_migdra(&tenant, &["why", "untried", "-n", NS]).stdout).to_string();
+    println!("kubectl migdra why untried, as a tenant who reads slices and classes:\n{text}");
+    for want in ["looks free (a claim in a namespace you cannot read may hold it): gpu-a", "matching devices on"] {
+        if !text.contains(want) || text.contains("fits now") || text.contains("not evaluated") {
+            wrong.push(format!(
+                "why untried as a tenant who reads slices: missing {want:?} (or says fits now):\n{text}"
+            ));
+        }
+    }
 }

@@ -85,6 +85,35 @@ pub struct Why {
     pub claims: Vec<ClaimWhy>,
     /// What this answer does not look at.
     pub notes: Vec<String>,
+    /// What the reader's rights kept from it (a tenant's); absent when it read everything.
+    #[serde(skip_serializing_if = "Sight::whole")]
+    pub sight: Sight,
+}
+
+/// What could be read. A tenant whose rights end at their namespace still gets an answer: their
+/// pod's claims and requests, and what the missing reads leave open, instead of an error.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sight {
+    /// Claims were listed in this namespace only (listing them across namespaces is forbidden):
+    /// a device held by a claim elsewhere looks free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claims_only_in: Option<String>,
+    /// Kinds that could not be read at all (`ResourceSlices`, `DeviceClasses`): without them no
+    /// device is evaluated.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unread: Vec<String>,
+}
+
+impl Sight {
+    pub fn whole(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// No device can be evaluated: the slices or the classes are missing.
+    pub fn blind(&self) -> bool {
+        !self.unread.is_empty()
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -118,6 +147,9 @@ pub struct RequestWhy {
     /// claim's) other pending requests.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub alone: bool,
+    /// No device was evaluated (see [`Why::sight`]): the counts mean nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unevaluated: bool,
     pub reasons: Vec<Reason>,
 }
 
@@ -188,8 +220,22 @@ pub fn why(
     claims: &[ClaimSlot<'_>],
     classes: &[DeviceClass],
     nodes: Option<&[NodeView]>,
+    sight: &Sight,
 ) -> Why {
     let mut notes = Vec::new();
+    if sight.blind() {
+        notes.push(format!(
+            "{} could not be read (forbidden): no device is evaluated, only the pod's claims; a cluster admin can \
+             run this command, or grant you get and list on resourceslices, deviceclasses and resourceclaims",
+            sight.unread.join(", ")
+        ));
+    }
+    if let Some(ns) = &sight.claims_only_in {
+        notes.push(format!(
+            "only the claims of namespace {ns} could be read (listing resourceclaims across namespaces is \
+             forbidden): a device held by a claim in a namespace you cannot read looks free here"
+        ));
+    }
     let spec = pod.and_then(|p| p.spec.as_ref());
     let bound = spec.and_then(|s| s.node_name.as_deref());
     if let Some(node) = bound {
@@ -261,7 +307,7 @@ pub fn why(
         }
     }
     let (mut claims, wanted): (Vec<ClaimWhy>, Vec<Vec<Wanted<'_>>>) =
-        claims.iter().map(|slot| claim_why(cluster, slot, classes, &blocked)).unzip();
+        claims.iter().map(|slot| claim_why(cluster, slot, classes, &blocked, sight.blind())).unzip();
     let wanted: Vec<Wanted<'_>> = wanted.into_iter().flatten().collect();
     if wanted.len() > 1 {
         notes.extend(together(cluster, &wanted, &mut claims, &blocked));
@@ -269,7 +315,7 @@ pub fn why(
     let pod = pod.map(|p| {
         format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or(""))
     });
-    Why { pod, scheduler, claims, notes }
+    Why { pod, scheduler, claims, notes, sight: sight.clone() }
 }
 
 /// Whether a claim asks for (or holds) devices of `driver`: its allocation names the driver, or a
@@ -371,6 +417,7 @@ fn claim_why<'s>(
     slot: &'s ClaimSlot<'_>,
     classes: &[DeviceClass],
     blocked: &BlockedNodes,
+    blind: bool,
 ) -> (ClaimWhy, Vec<Wanted<'s>>) {
     let claim = match slot {
         ClaimSlot::Found(c) => *c,
@@ -417,6 +464,10 @@ fn claim_why<'s>(
     }
     let mut wanted: Vec<Wanted<'s>> = Vec::new();
     let mut whys = Vec::new();
+    if blind {
+        let whys = requests(claim).iter().map(unevaluated).collect();
+        return (ClaimWhy { claim: name, allocated, requests: whys, notes }, wanted);
+    }
     for r in requests(claim) {
         let (why, matches) = request_why(cluster, &r, classes, blocked);
         whys.push(why);
@@ -432,25 +483,31 @@ fn claim_why<'s>(
 /// (node, gpu, device) positions in the cluster.
 type At = (usize, usize, usize);
 
-fn request_why(
-    cluster: &Cluster,
-    r: &Request<'_>,
-    classes: &[DeviceClass],
-    blocked: &BlockedNodes,
-) -> (RequestWhy, Vec<At>) {
-    let mut out = RequestWhy {
+/// A request as the claim writes it, with nothing evaluated.
+fn unevaluated(r: &Request<'_>) -> RequestWhy {
+    RequestWhy {
         request: r.name.clone(),
         class: r.class.to_string(),
         class_selectors: Vec::new(),
-        selectors: Vec::new(),
+        selectors: r.selectors.iter().map(|e| e.to_string()).collect(),
         count: if r.mode_all { "all".into() } else { r.count.to_string() },
         matching_devices: 0,
         matching_nodes: 0,
         undecided_devices: 0,
         fits: Vec::new(),
         alone: false,
+        unevaluated: true,
         reasons: Vec::new(),
-    };
+    }
+}
+
+fn request_why(
+    cluster: &Cluster,
+    r: &Request<'_>,
+    classes: &[DeviceClass],
+    blocked: &BlockedNodes,
+) -> (RequestWhy, Vec<At>) {
+    let mut out = RequestWhy { unevaluated: false, selectors: Vec::new(), ..unevaluated(r) };
     let Some(class) = classes.iter().find(|c| c.metadata.name.as_deref() == Some(r.class)) else {
         out.reasons.push(Reason::ClassMissing { class: r.class.to_string() });
         return (out, Vec::new());
@@ -844,7 +901,11 @@ pub fn text(w: &Why) -> Vec<String> {
             if !r.fits.is_empty() {
                 let places: Vec<String> =
                     r.fits.iter().take(SHOWN).map(|p| format!("{} {} {}", p.node, p.gpu, p.device)).collect();
-                let how = if r.alone { "fits alone, not beside the other requests" } else { "fits now" };
+                let how = match (r.alone, &w.sight.claims_only_in) {
+                    (true, _) => "fits alone, not beside the other requests",
+                    (false, None) => "fits now",
+                    (false, Some(_)) => "looks free (a claim in a namespace you cannot read may hold it)",
+                };
                 lines.push(format!("    {how}: {}{}", places.join(", "), more(r.fits.len(), SHOWN, "places")));
             }
             lines.extend(grouped(&r.reasons).into_iter().map(|l| format!("    {l}")));
@@ -979,6 +1040,9 @@ fn reason_text(r: &Reason) -> String {
 
 /// How many devices match: with undecided ones the count is only a floor, never a bare 0.
 fn matching_text(r: &RequestWhy) -> String {
+    if r.unevaluated {
+        return "devices not evaluated".into();
+    }
     let plural = |n: usize| if n == 1 { "" } else { "s" };
     let (n, nodes) = (r.matching_devices, r.matching_nodes);
     match (r.undecided_devices, n) {
@@ -1012,7 +1076,7 @@ mod tests {
         let claims: Vec<ResourceClaim> =
             held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
         let cluster = Cluster::build(DRIVER, slices, &claims);
-        let w = why(&cluster, None, &[ClaimSlot::Found(&pending)], &classes(), None);
+        let w = why(&cluster, None, &[ClaimSlot::Found(&pending)], &classes(), None, &Sight::default());
         let mut claims = w.claims;
         assert_eq!(claims.len(), 1);
         let mut requests = claims.remove(0).requests;
@@ -1164,7 +1228,7 @@ mod tests {
             "status": {"phase": "Running"}
         }))
         .unwrap();
-        let w = why(&cluster, Some(&pod), &[ClaimSlot::Found(&claim)], &classes(), Some(&[]));
+        let w = why(&cluster, Some(&pod), &[ClaimSlot::Found(&claim)], &classes(), Some(&[]), &Sight::default());
         assert_eq!(w.notes, ["the pod is bound to node node-a (phase Running): it waits for no device"]);
         assert_eq!(w.claims[0].allocated, ["node-a/gpu-0-mig-1g10gb-19-0"]);
         assert!(w.claims[0].requests.is_empty());
@@ -1179,7 +1243,7 @@ mod tests {
         let answer = |held: &[(&str, &str)]| {
             let claims: Vec<ResourceClaim> =
                 held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
-            why(&Cluster::build(DRIVER, node("node-a", 2), &claims), None, &slots, &classes(), None)
+            why(&Cluster::build(DRIVER, node("node-a", 2), &claims), None, &slots, &classes(), None, &Sight::default())
         };
         let one_free = answer(&[("h", "gpu-0-mig-3g40gb-9-4"), ("b", "gpu-1-mig-7g80gb-0-0")]);
         for c in &one_free.claims {
@@ -1229,7 +1293,7 @@ mod tests {
         ];
         let cluster = Cluster::build(DRIVER, slices.clone(), &[]);
         let selective = pod(serde_json::json!({"pool": "b"}));
-        let w = why(&cluster, Some(&selective), &[ClaimSlot::Found(&p)], &classes(), Some(&nodes));
+        let w = why(&cluster, Some(&selective), &[ClaimSlot::Found(&p)], &classes(), Some(&nodes), &Sight::default());
         let r = &w.claims[0].requests[0];
         assert!(!r.fits.is_empty() && r.fits.iter().all(|f| f.node == "node-b"), "{:?}", r.fits);
         assert!(
@@ -1248,12 +1312,18 @@ mod tests {
         let held = allocated("h", "p", "node-a", "gpu-0-mig-1g10gb-19-0");
         let cluster = Cluster::build(DRIVER, slices, std::slice::from_ref(&held));
         let anywhere = pod(serde_json::json!({}));
-        let w =
-            why(&cluster, Some(&anywhere), &[ClaimSlot::Found(&held), ClaimSlot::Found(&p)], &classes(), Some(&nodes));
+        let w = why(
+            &cluster,
+            Some(&anywhere),
+            &[ClaimSlot::Found(&held), ClaimSlot::Found(&p)],
+            &classes(),
+            Some(&nodes),
+            &Sight::default(),
+        );
         assert!(w.notes.iter().any(|n| n == "claim h is allocated on node node-a: the pod can only run there"));
         assert!(w.claims[1].requests[0].fits.iter().all(|f| f.node == "node-a"));
 
-        let w = why(&cluster, Some(&anywhere), &[ClaimSlot::Found(&p)], &classes(), None);
+        let w = why(&cluster, Some(&anywhere), &[ClaimSlot::Found(&p)], &classes(), None, &Sight::default());
         assert!(w.notes.iter().any(|n| n.starts_with("Node objects could not be read")), "{:?}", w.notes);
     }
 
@@ -1294,7 +1364,8 @@ mod tests {
             held.iter().map(|(name, device)| allocated(name, &format!("pod-{name}"), "node-a", device)).collect();
         let cluster = Cluster::build(DRIVER, slices, &claims);
         let p = pending("p", "mig-3g.40gb", &[]);
-        let text = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes(), None)).join("\n");
+        let text =
+            super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes(), None, &Sight::default())).join("\n");
         assert!(
             text.contains("node-a gpu-0 (GPU 0, slurm 0): fragmented: memory slices 0,2,3,4,6,7 are free, 4 needed"),
             "{text}"
@@ -1306,6 +1377,47 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// A tenant: without the slices and classes the answer is the claims as written, said to be
+    /// unevaluated; with the slices but only their namespace's claims, a free device "looks free".
+    #[test]
+    fn a_tenant_gets_what_their_rights_allow() {
+        let p = pending("p", "mig-1g.10gb", &[PIN0]);
+        let blind = Sight { claims_only_in: None, unread: vec!["ResourceSlices".into(), "DeviceClasses".into()] };
+        let empty = Cluster::build(DRIVER, Vec::new(), &[]);
+        let w = why(&empty, None, &[ClaimSlot::Found(&p)], &[], None, &blind);
+        let text = super::text(&w).join("\n");
+        for want in [
+            "claim default/p",
+            "  request gpu: class mig-1g.10gb, 1 device; devices not evaluated",
+            &format!("    selector: {PIN0}"),
+            "note: ResourceSlices, DeviceClasses could not be read (forbidden): no device is evaluated",
+        ] {
+            assert!(text.contains(want), "missing {want:?}:\n{text}");
+        }
+        assert!(!text.contains("does not exist") && !text.contains("matching device"), "{text}");
+        let json = serde_json::to_value(&w).unwrap();
+        assert_eq!(json["sight"]["unread"], serde_json::json!(["ResourceSlices", "DeviceClasses"]));
+        assert_eq!(json["claims"][0]["requests"][0]["unevaluated"], true);
+
+        let cluster = Cluster::build(DRIVER, node("node-a", 2), &[]);
+        let whole = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes(), None, &Sight::default()));
+        assert!(whole.iter().any(|l| l.starts_with("    fits now: node-a gpu-")), "{whole:?}");
+        assert!(
+            serde_json::to_value(why(&cluster, None, &[], &classes(), None, &Sight::default()))
+                .unwrap()
+                .get("sight")
+                .is_none()
+        );
+        let partial = Sight { claims_only_in: Some("default".into()), unread: Vec::new() };
+        let text = super::text(&why(&cluster, None, &[ClaimSlot::Found(&p)], &classes(), None, &partial)).join("\n");
+        assert!(
+            text.contains("    looks free (a claim in a namespace you cannot read may hold it): node-a gpu-"),
+            "{text}"
+        );
+        assert!(!text.contains("fits now"), "{text}");
+        assert!(text.contains("note: only the claims of namespace default could be read"), "{text}");
     }
 
     /// At 100 nodes the text stays short: reasons that differ only in their node are one line
