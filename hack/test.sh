@@ -11,6 +11,12 @@ bash hack/setup.sh
 # once and cached outside the repo; see hack/matrix.sh.
 # shellcheck source=hack/matrix.sh
 source hack/matrix.sh
+# The Go-built tools the chart, manifest and alert tests run: kustomize, helm and promtool, each
+# built from its pinned module and cached like the matrix (a few minutes each when cold; without
+# them those tests would only say SKIPPED).
+for tool in kustomize helm promtool; do
+  bash "hack/build-$tool.sh" >/dev/null
+done
 # tests/node/ runs migdra's image on a real node: the one .ci/run built, else build it here.
 if [[ -z ${MIGDRA_IMAGE_ARCHIVE:-} ]]; then
   MIGDRA_IMAGE_ARCHIVE=$(bash hack/build-image.sh | tail -n 1)
