@@ -2,8 +2,8 @@
 //! about 40 MB of slices, and k8s-openapi's full types took twice as long to parse and as long
 //! again to free. Field names are the API's; fields not listed here are skipped.
 //!
-//! The same fields in the API server's protobuf encoding, which it writes about three times
-//! faster than JSON, a third the size ([`protobuf`]): k8s-openapi and kube have JSON only.
+//! The same fields in the API server's protobuf encoding, which it writes in about half the time
+//! of JSON, and smaller ([`protobuf`]): k8s-openapi and kube have JSON only.
 
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
