@@ -183,7 +183,7 @@ pub fn why(args: &WhyArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
     let (snap, pod) = read(global, Reads { namespace: args.namespace.as_deref(), pod: want, node_selector: None })?;
     let driver = &global.driver_name;
     let ns = &snap.namespace;
-    if snap.sight.unread.iter().any(|k| k == "ResourceClaims") {
+    if snap.sight.lacks(why::Sight::CLAIMS) {
         return Err(CliError::Failed(format!(
             "the ResourceClaims of namespace {ns} could not be read at {} (forbidden): why needs get and list on \
              resourceclaims there at least",
@@ -213,7 +213,7 @@ pub fn why(args: &WhyArgs, global: &Flags, out: &mut dyn Write) -> CliResult {
         return Err(CliError::Usage(format!("{target} has no resource claims")));
     }
     // Without the classes, which claims are for the driver is not known: all of them are shown.
-    let unknown_classes = snap.sight.unread.iter().any(|k| k == "DeviceClasses");
+    let unknown_classes = snap.sight.lacks(why::Sight::CLASSES);
     let mine: Vec<why::ClaimSlot<'_>> = slots
         .into_iter()
         .filter(|s| match s {
@@ -382,14 +382,14 @@ fn read(global: &Flags, reads: Reads<'_>) -> Result<(Snapshot, Option<Pod>), Cli
         let mut sight = why::Sight::default();
         let slices = match slices {
             Err(e) if forbidden(&e) => {
-                sight.unread.push("ResourceSlices".into());
+                sight.unread.push(why::Sight::SLICES.into());
                 Vec::new()
             }
             s => s.map_err(|e| failed("ResourceSlices", e))?,
         };
         let classes = match classes {
             Err(e) if forbidden(&e) => {
-                sight.unread.push("DeviceClasses".into());
+                sight.unread.push(why::Sight::CLASSES.into());
                 Vec::new()
             }
             c => c.map_err(|e| failed("DeviceClasses", e))?.items,
@@ -402,7 +402,7 @@ fn read(global: &Flags, reads: Reads<'_>) -> Result<(Snapshot, Option<Pod>), Cli
                 })?;
                 match claims {
                     Err(e) if forbidden(&e) => {
-                        sight.unread.push("ResourceClaims".into());
+                        sight.unread.push(why::Sight::CLAIMS.into());
                         Vec::new()
                     }
                     c => {

@@ -106,6 +106,16 @@ pub struct Sight {
 }
 
 impl Sight {
+    /// The kinds [`Sight::unread`] names, as the notes print them.
+    pub const SLICES: &str = "ResourceSlices";
+    pub const CLASSES: &str = "DeviceClasses";
+    pub const CLAIMS: &str = "ResourceClaims";
+
+    /// `kind` could not be read.
+    pub fn lacks(&self, kind: &str) -> bool {
+        self.unread.iter().any(|k| k == kind)
+    }
+
     pub fn whole(&self) -> bool {
         self == &Self::default()
     }
@@ -1384,7 +1394,7 @@ mod tests {
     #[test]
     fn a_tenant_gets_what_their_rights_allow() {
         let p = pending("p", "mig-1g.10gb", &[PIN0]);
-        let blind = Sight { claims_only_in: None, unread: vec!["ResourceSlices".into(), "DeviceClasses".into()] };
+        let blind = Sight { claims_only_in: None, unread: vec![Sight::SLICES.into(), Sight::CLASSES.into()] };
         let empty = Cluster::build(DRIVER, Vec::new(), &[]);
         let w = why(&empty, None, &[ClaimSlot::Found(&p)], &[], None, &blind);
         let text = super::text(&w).join("\n");
