@@ -18,7 +18,8 @@
 #   another version.
 #   COMPONENTS default to all four: kube-apiserver kube-scheduler kube-controller-manager etcd;
 #   name fewer to build (and wait for) only those, e.g. `hack/controlplane-1.36 kube-apiserver`.
-# Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
+# Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local; a module's `toolchain`
+# line overrides it for that module's builds: 1.38's needs Go 1.27); the usual GOCACHE and
 # GOMODCACHE, which are outside the repo by default.
 set -euo pipefail
 
@@ -64,7 +65,7 @@ enter_go_cache "$bin" "${components[*]}" "$bin" all_there
 # /version say v1.x.y rather than v0.0.0-master. buildDate is the release's time in the proxy.
 kube_minor=${kube_version#v1.}
 kube_minor=${kube_minor%%.*}
-kube_date=$(cd "$kube_mod" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes) ||
+kube_date=$(cd "$kube_mod" && GOTOOLCHAIN=$(go_toolchain go.mod) go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes) ||
 	die "go list -m k8s.io/kubernetes failed in $kube_mod (module proxy unreachable?)"
 kube_ldflags="-s -w"
 for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
@@ -80,10 +81,10 @@ build() { # build NAME MODULE_DIR PACKAGE LDFLAGS
 		log "$name: already built"
 		return
 	fi
-	log "$name: building $pkg in ${dir#"$hack/"} ..."
+	log "$name: building $pkg in ${dir#"$hack/"} with GOTOOLCHAIN=$(go_toolchain "$dir/go.mod") ..."
 	start=$SECONDS
 	tmp=$bin/.$name.tmp
-	if ! (cd "$dir" && go build -trimpath -ldflags="$ldflags" -o "$tmp" "$pkg"); then
+	if ! (cd "$dir" && GOTOOLCHAIN=$(go_toolchain go.mod) go build -trimpath -ldflags="$ldflags" -o "$tmp" "$pkg"); then
 		rm -f "$tmp"
 		die "$name: 'go build $pkg' in $dir failed (see the errors above)"
 	fi

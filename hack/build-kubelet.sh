@@ -15,7 +15,8 @@
 # Usage: hack/build-kubelet.sh MODULE_DIR
 #   MODULE_DIR is hack/kubelet-<release> (1.37 or 1.36): the same program against the
 #   kubelet code of that release.
-# Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local); the usual GOCACHE and
+# Environment: MIGDRA_CACHE (see above); GOTOOLCHAIN (default local; the module's `toolchain`
+# line overrides it: 1.38's needs Go 1.27); the usual GOCACHE and
 # GOMODCACHE, which are outside the repo by default.
 set -euo pipefail
 
@@ -44,10 +45,11 @@ bin=$cache/kubelet-$kube_version-$hash/bin
 name=migdra-kubelet
 
 enter_go_cache "$bin" "$name ($kube_version)" "$bin" test -x "$bin/$name"
-log "$name: building ${mod#"$hack/"} against k8s.io/kubernetes $kube_version ..."
+log "$name: building ${mod#"$hack/"} against k8s.io/kubernetes $kube_version" \
+	"with GOTOOLCHAIN=$(go_toolchain "$mod/go.mod") ..."
 start=$SECONDS
 tmp=$bin/.$name.tmp
-if ! (cd "$mod" && go build -trimpath -ldflags="-s -w" -o "$tmp" .); then
+if ! (cd "$mod" && GOTOOLCHAIN=$(go_toolchain go.mod) go build -trimpath -ldflags="-s -w" -o "$tmp" .); then
 	rm -f "$tmp"
 	die "$name: 'go build' in $mod failed (see the errors above)"
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a real Kubernetes node for tests/node/ and `hack/node-up.sh`: the kubelet binary and
-# kubectl (Kubernetes' own commands, from the module set of hack/controlplane-1.37, so they share
-# the control plane's Go build cache), containerd with its runc shim and ctr, runc, and crictl.
+# kubectl (Kubernetes' own commands, from the module set of a control plane,
+# hack/controlplane-1.37 unless named, so they share that control plane's Go build cache),
+# containerd with its runc shim and ctr, runc, and crictl.
 # Nothing of their code is in this repo: the go command fetches it from the module proxy.
 #
 # Why these builds and not Debian's packages: Debian 12's runc (1.1.5) and crun (1.8.1) are too old
@@ -14,11 +15,15 @@
 #
 # Needs: go (>= 1.26), a C compiler, pkg-config and libseccomp-dev (runc is built with seccomp,
 # as its releases are); .ci/run installs them.
-# Environment: MIGDRA_CACHE; GOTOOLCHAIN (default local); the usual GOCACHE and GOMODCACHE.
+# Usage: hack/build-node.sh [CONTROLPLANE_MODULE_DIR]   (default hack/controlplane-1.37;
+#   hack/controlplane-1.38 builds the 1.38 kubelet, whose iptables module the proxy refuses and
+#   that module replaces with hack/node/no-iptables: a node without iptables)
+# Environment: MIGDRA_CACHE; GOTOOLCHAIN (default local; the module's `toolchain` line overrides it
+# for the kubelet and kubectl: 1.38's needs Go 1.27); the usual GOCACHE and GOMODCACHE.
 set -euo pipefail
 
 hack=$(cd "$(dirname "$0")" && pwd)
-kube_mod=$hack/controlplane-1.37
+kube_mod=$(cd "${1:-$hack/controlplane-1.37}" && pwd)
 me=build-node
 # shellcheck source=hack/lib.sh
 source "$hack/lib.sh"
@@ -58,9 +63,9 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
 done
 for name in kubelet kubectl; do
 	[[ -x $bin/$name ]] && continue
-	log "$name: building k8s.io/kubernetes/cmd/$name $kube_version ..."
+	log "$name: building k8s.io/kubernetes/cmd/$name $kube_version with GOTOOLCHAIN=$(go_toolchain "$kube_mod/go.mod") ..."
 	start=$SECONDS
-	(cd "$kube_mod" && go build -trimpath -ldflags="$kube_ldflags" -o "$bin/.$name.tmp" "k8s.io/kubernetes/cmd/$name") ||
+	(cd "$kube_mod" && GOTOOLCHAIN=$(go_toolchain go.mod) go build -trimpath -ldflags="$kube_ldflags" -o "$bin/.$name.tmp" "k8s.io/kubernetes/cmd/$name") ||
 		{ rm -f "$bin/.$name.tmp"; die "$name: 'go build' in $kube_mod failed (see the errors above)"; }
 	finish "$name" "$bin/.$name.tmp" "$start"
 done

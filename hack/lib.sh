@@ -34,6 +34,15 @@ enter_go_cache() {
 	log "go: $(go version); GOTOOLCHAIN=$GOTOOLCHAIN"
 }
 
+# go_toolchain GO_MOD: the Go that builds a module: its `toolchain goX` line when it has one
+# (1.38's modules need Go 1.27, which the go command fetches from the proxy; the project's own Go
+# stays 1.26), else GOTOOLCHAIN as set, else the local Go.
+go_toolchain() {
+	local t
+	t=$(awk '$1 == "toolchain" { print $2; exit }' "$1")
+	echo "${t:-${GOTOOLCHAIN:-local}}"
+}
+
 # required_version GO_MOD MODULE: the version in GO_MOD's one-line `require MODULE vX`, the one
 # place each tool's version is written; dies when there is no such line.
 required_version() {

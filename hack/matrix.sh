@@ -1,7 +1,8 @@
 # Sourced by hack/test.sh and .ci/run: exports the bin directories of the Kubernetes test matrix,
 # building what is missing. Variables already set are kept, so a caller can name its own builds.
 #
-# The Kubernetes releases the tests run against: 1.37.2 (the newest) and 1.36.3. Each control
+# The Kubernetes releases the tests run against: 1.37.2 (the newest), 1.36.3 and the pre-release
+# 1.38.0-beta.0 (hack/prerelease.sh, below). Each control
 # plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) is built from its pinned Go
 # modules when missing (hack/controlplane-1.37, hack/controlplane-1.36; 5-8 minutes each when
 # cold) and cached outside the repo; the build prints its bin directory as its last line.
@@ -27,6 +28,12 @@ built MIGDRA_KUBELET_136_BIN hack/build-kubelet.sh hack/kubelet-1.36
 # tests/node/ runs a real node: the kubelet binary and kubectl (1.37, from the control plane's
 # module set), containerd, runc and crictl; built and cached the same way (about 12 minutes cold).
 built MIGDRA_NODE_BIN hack/build-node.sh
+# The pre-release, 1.38.0-beta.0: its control plane, kubelet code and node (hack/prerelease.sh),
+# on which hack/test.sh runs the control-plane tests, the kubelet code and the chart on a real node
+# again. .ci/run builds them in the background and names the log hack/test.sh waits for.
+if [[ -z ${MIGDRA_PRERELEASE_LOG:-} && -z ${MIGDRA_NODE_138_BIN:-} ]]; then
+  eval "$(bash hack/prerelease.sh)"
+fi
 # Slurm: Debian 12's 22.05 is installed by hack/slurm-deps.sh; 26.05, the release slurm-bridge
 # users run, comes from Debian unstable in a chroot (hack/slurm-2605.sh, cached, about 1.5 minutes
 # cold). The suite runs on 26.05; hack/test.sh runs the Slurm tests again on 22.05.
@@ -55,6 +62,12 @@ echo "kubelet code:"
 for var in MIGDRA_KUBELET_137_BIN MIGDRA_KUBELET_136_BIN; do
   printf '  %s: %s\n' "$var" "${!var}"
 done
+if [[ -n ${MIGDRA_NODE_138_BIN:-} ]]; then
+  echo "pre-release: $("$MIGDRA_CONTROLPLANE_138_BIN/kube-apiserver" --version) ($MIGDRA_CONTROLPLANE_138_BIN)," \
+    "kubelet code $MIGDRA_KUBELET_138_BIN, node $MIGDRA_NODE_138_BIN"
+else
+  echo "pre-release: 1.38.0-beta.0 building in the background (hack/prerelease.sh, log $MIGDRA_PRERELEASE_LOG)"
+fi
 echo "real node (tests/node/): $MIGDRA_NODE_BIN"
 printf '  %s\n' "$("$MIGDRA_NODE_BIN/kubelet" --version)" "containerd $("$MIGDRA_NODE_BIN/containerd" --version | awk '{print $3}')" \
   "$("$MIGDRA_NODE_BIN/runc" --version | head -n 1)" "$("$MIGDRA_NODE_BIN/crictl" --version)" \

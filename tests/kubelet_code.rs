@@ -1,6 +1,6 @@
 //! migdra against the kubelet's own code, not our stand-in: `migdra-kubelet` (hack/kubelet-1.36,
 //! built by `hack/build-kubelet.sh`) runs the kubelet's plugin manager and DRA manager of
-//! Kubernetes 1.37.2 and 1.36.3, and the CDI library a container runtime uses, each
+//! Kubernetes 1.38.0-beta.0, 1.37.2 and 1.36.3, and the CDI library a container runtime uses, each
 //! against a real control plane of its own version (tests/support/controlplane.rs) and a real
 //! `migdra serve` on simulated GPUs.
 //!
@@ -36,7 +36,7 @@ use support::command::Run;
 use support::controlplane::ControlPlane;
 use support::daemon::Daemon;
 use support::eventually::eventually;
-use support::kubelet_code::{Build, Dirs, KUBELET_136, KUBELET_137, KubeletCode, ms_between, unix_ms};
+use support::kubelet_code::{Build, Dirs, KUBELET_136, KUBELET_137, KUBELET_138, KubeletCode, ms_between, unix_ms};
 use support::logs::{file_tail, tail};
 use support::node::NodeDir;
 use support::{DRIVER, NODE};
@@ -549,8 +549,13 @@ fn other_h100(env: &Env, avoid: &str) -> u32 {
     *h100s.iter().find(|m| !avoid.starts_with(&format!("gpu-{m}-"))).unwrap()
 }
 
-/// Scenarios 1–5 on the kubelet code of 1.37 and 1.36: registration, prepare (scheduler and
-/// bridge), re-prepare, kubelet restart, migdra restart and a rolling upgrade.
+/// Scenarios 1–5 on the kubelet code of 1.38, 1.37 and 1.36: registration, prepare (scheduler
+/// and bridge), re-prepare, kubelet restart, migdra restart and a rolling upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_138_registers_prepares_and_survives_restarts() {
+    registers_prepares_and_survives_restarts(KUBELET_138).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_137_registers_prepares_and_survives_restarts() {
     registers_prepares_and_survives_restarts(KUBELET_137).await;
@@ -705,8 +710,13 @@ async fn registers_prepares_and_survives_restarts(build: Build) {
     drop(new);
 }
 
-/// Scenarios 6–8 on the kubelet code of 1.37 and 1.36: health, an overlapping claim, a node
-/// reboot. The 1.37 DRA manager streams health over v1, the 1.36 one over v1alpha1.
+/// Scenarios 6–8 on the kubelet code of 1.38, 1.37 and 1.36: health, an overlapping claim, a
+/// node reboot. The 1.38 and 1.37 DRA managers stream health over v1, the 1.36 one over v1alpha1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_138_health_overlap_and_reboot() {
+    health_overlap_and_reboot(KUBELET_138, "v1").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_137_health_overlap_and_reboot() {
     health_overlap_and_reboot(KUBELET_137, "v1").await;

@@ -6,8 +6,10 @@ macro_rules! releases {
     (kubernetes: [$k:literal $(, $ks:literal)*], slurm: [$s:literal $(, $ss:literal)*],
      containerd: $c:literal, runc: $r:literal) => {
         /// Kubernetes, newest first: full control planes and the kubelet's own code
-        /// (`hack/controlplane-<minor>`, `hack/kubelet-<minor>`); the newest also runs the real
-        /// node (the kubelet binary) and every test, the others the control-plane tests again.
+        /// (`hack/controlplane-<minor>`, `hack/kubelet-<minor>`). The newest release (the second
+        /// when the first is a pre-release) runs every test; a pre-release the control-plane
+        /// tests, the kubelet code and the chart on the real node (its kubelet binary) again;
+        /// an older release the control-plane tests and the kubelet code again.
         pub const KUBERNETES: &[&str] = &[$k $(, $ks)*];
         /// Slurm, newest first: 26.05 from Debian unstable (`hack/slurm-2605.sh`), every test;
         /// 22.05 from Debian 12 (`hack/slurm-deps.sh`), the Slurm tests again.
@@ -26,7 +28,7 @@ macro_rules! releases {
 }
 
 releases!(
-    kubernetes: ["1.37.2", "1.36.3"],
+    kubernetes: ["1.38.0-beta.0", "1.37.2", "1.36.3"],
     slurm: ["26.05.5", "22.05.8"],
     containerd: "2.4.2",
     runc: "1.5.3"

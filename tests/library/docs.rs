@@ -566,7 +566,8 @@ fn slugs_and_section_numbers_follow_github_and_the_facts() {
 
 /// Releases named with their patch (`1.37.2`, `v1.36.3`; Slurm's `26.05.5`) in `text`: each
 /// maximal run of digits and dots with exactly three parts, a Kubernetes minor (1.20–1.39) or a
-/// Slurm year.month (20–29, 01–12). Four-part runs (addresses) are not releases.
+/// Slurm year.month (20–29, 01–12), with its pre-release tag when it has one (`1.38.0-beta.0`).
+/// Four-part runs (addresses) are not releases.
 fn releases_named(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -576,6 +577,15 @@ fn releases_named(text: &str) -> Vec<(usize, String)> {
             let run_len = rest[start..].find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len() - start);
             let run = rest[start..start + run_len].trim_end_matches('.');
             rest = &rest[start + run_len..];
+            // A pre-release (`1.38.0-beta.0`) is a release of its own, named whole.
+            let mut named = run.to_string();
+            if let Some((tag, num)) = rest.strip_prefix('-').and_then(|t| t.split_once('.')) {
+                let digits = num.len() - num.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+                if ["alpha", "beta", "rc"].contains(&tag) && digits > 0 && run.len() == run_len {
+                    named = format!("{run}-{tag}.{}", &num[..digits]);
+                    rest = &num[digits..];
+                }
+            }
             if before.is_some_and(|c| c.is_ascii_alphanumeric() && c != 'v') {
                 continue;
             }
@@ -588,7 +598,7 @@ fn releases_named(text: &str) -> Vec<(usize, String)> {
             let slurm =
                 major.len() == 2 && ("20".."30").contains(&major) && minor.len() == 2 && ("01".."13").contains(&minor);
             if kubernetes || slurm {
-                out.push((n + 1, run.to_string()));
+                out.push((n + 1, named));
             }
         }
     }
@@ -664,7 +674,8 @@ fn every_release_named_is_one_ci_tests() {
 
 #[test]
 fn releases_are_found_and_addresses_are_not() {
-    let text = "run on v1.37.2 and 1.36.3, Slurm 26.05.5; not 127.0.0.1, 10.1.30.5, x1.36.3, 1.5.3 or 2026.11.30";
+    let text = "run on v1.37.2 and 1.36.3, Slurm 26.05.5, v1.38.0-beta.0 and 1.38.0-rc.1; \
+                not 127.0.0.1, 10.1.30.5, x1.36.3, 1.5.3, 2026.11.30 or 1.38.0-foo.1";
     let found: Vec<String> = releases_named(text).into_iter().map(|(_, r)| r).collect();
-    assert_eq!(found, ["1.37.2", "1.36.3", "26.05.5"]);
+    assert_eq!(found, ["1.37.2", "1.36.3", "26.05.5", "1.38.0-beta.0", "1.38.0-rc.1", "1.38.0"]);
 }

@@ -1,5 +1,6 @@
 //! migdra as it is deployed, on a real node: the kubelet binary, containerd and runc
-//! (`support::kubenode`) joined to a real 1.37 control plane. The chart is installed with helm as
+//! (`support::kubenode`) joined to a real control plane of the kubelet's release (1.37 in the
+//! whole suite; `hack/test.sh` runs the chart's test again on a 1.38 node). The chart is installed with helm as
 //! daemonset/README.md says, on simulated GPUs (`simulation.gpus`); the DaemonSet's pod becomes
 //! Ready through the kubelet's exec probes, authenticates with its service account, publishes and
 //! registers through the chart's hostPath directories under a non-default kubelet root dir. Users'
@@ -16,7 +17,7 @@ mod support;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::controlplane::{ControlPlane, K137};
+use support::controlplane::ControlPlane;
 use support::eventually::eventually;
 use support::kubenode::{self, KubeNode, POD_GATEWAY, WORKLOAD_IMAGE};
 
@@ -398,7 +399,7 @@ async fn bring_up_with(steps: &Steps, setup: Setup<'_>) -> Cluster {
     let images = kubenode::image_archives(images_dir.path());
     steps.say("images: migdra's, pause and workload archives ready");
 
-    let cp = ControlPlane::start_for_nodes(K137, POD_GATEWAY).await;
+    let cp = ControlPlane::start_for_nodes(kubenode::release(), POD_GATEWAY).await;
     steps.say(&format!("control plane up: {}", cp.versions));
     let node = KubeNode::start(&cp, NODE_NAME, &images);
     for name in EXAMPLE_IMAGES {

@@ -127,8 +127,14 @@ pub struct Release {
     pub module: &'static str,
 }
 
+pub const K138: Release = Release { minor: 38, env: "MIGDRA_CONTROLPLANE_138_BIN", module: "hack/controlplane-1.38" };
 pub const K137: Release = Release { minor: 37, env: "MIGDRA_CONTROLPLANE_137_BIN", module: "hack/controlplane-1.37" };
 pub const K136: Release = Release { minor: 36, env: "MIGDRA_CONTROLPLANE_136_BIN", module: "hack/controlplane-1.36" };
+
+/// The release of the matrix whose minor version is `minor`, if there is one.
+pub fn release(minor: u32) -> Option<Release> {
+    [K138, K137, K136].into_iter().find(|r| r.minor == minor)
+}
 
 /// The bin directory of `release` holding `binaries`: `$<release.env>`, else the newest patch in
 /// the cache; or a panic that says how to build it.
@@ -263,7 +269,7 @@ impl ControlPlane {
 
     /// [`Self::start`] with the control plane of `release`.
     pub async fn start_release(release: Release) -> Self {
-        Self::start_from(release_dir(release, &BINARIES), None, None, None).await
+        Self::start_from(release_dir(release, &BINARIES), None, None, None).await.of_release(release)
     }
 
     /// [`Self::start_release`] for real nodes (`support::kubenode`) whose pods reach the API server
@@ -271,7 +277,21 @@ impl ControlPlane {
     /// server also listens there and its certificate names it; service accounts are admitted and
     /// their tokens mounted; the controllers a node's pods need run too.
     pub async fn start_for_nodes(release: Release, pod_gateway: &str) -> Self {
-        Self::start_from(release_dir(release, &BINARIES), None, None, Some(pod_gateway)).await
+        Self::start_from(release_dir(release, &BINARIES), None, None, Some(pod_gateway)).await.of_release(release)
+    }
+
+    /// Itself, once its API server says it is of `release`: a variable naming another release's
+    /// build fails the test rather than testing the wrong release.
+    fn of_release(self, release: Release) -> Self {
+        assert_eq!(
+            self.versions.minor(),
+            release.minor,
+            "{} names {}, not 1.{}",
+            release.env,
+            self.versions,
+            release.minor
+        );
+        self
     }
 
     /// Only etcd and the kube-apiserver found in `apiserver_dir` (another Kubernetes version),

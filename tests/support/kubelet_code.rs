@@ -2,13 +2,14 @@
 //! kubelet's plugin manager, DRA manager and the CDI library in one process, and answers one
 //! JSON line per command line (see the program's header for the protocol).
 //!
-//! - The binary comes from `$MIGDRA_KUBELET_136_BIN` (`$MIGDRA_KUBELET_137_BIN`
-//!   for the 1.37 build), a directory holding `migdra-kubelet`; without it, `hack/build-kubelet.sh` is run,
-//!   which answers at once from its cache when the sources have not changed. A missing binary
-//!   or a failed build fails the test with the command to run; nothing is skipped.
+//! - The binary comes from `$MIGDRA_KUBELET_136_BIN` (`$MIGDRA_KUBELET_137_BIN`,
+//!   `$MIGDRA_KUBELET_138_BIN` for the 1.37 and 1.38 builds), a directory holding
+//!   `migdra-kubelet`; without it, `hack/build-kubelet.sh` is run, which answers at once from its
+//!   cache when the sources have not changed. A missing binary or a failed build fails the test
+//!   with the command to run; nothing is skipped.
 //! - Its stderr (klog) goes to a log file beside its directories, printed in every failure.
 
-use super::controlplane::{K136, K137, Release};
+use super::controlplane::{K136, K137, K138, Release};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -25,6 +26,8 @@ pub struct Build {
     pub controlplane: Release,
 }
 
+/// The kubelet code of Kubernetes 1.38.0-beta.0 (hack/kubelet-1.38).
+pub const KUBELET_138: Build = Build { env: "MIGDRA_KUBELET_138_BIN", module: "hack/kubelet-1.38", controlplane: K138 };
 /// The kubelet code of Kubernetes 1.37 (hack/kubelet-1.37).
 pub const KUBELET_137: Build = Build { env: "MIGDRA_KUBELET_137_BIN", module: "hack/kubelet-1.37", controlplane: K137 };
 /// The same program on the kubelet code of 1.36 (hack/kubelet-1.36).
@@ -56,7 +59,25 @@ pub fn binary(build: Build) -> PathBuf {
     };
     let bin = dir.join("migdra-kubelet");
     assert!(bin.is_file(), "{} is missing ({} = {}): {help}", bin.display(), build.env, dir.display());
+    let kubernetes = built_against(&bin);
+    assert!(
+        kubernetes.starts_with(&format!("v1.{}.", build.controlplane.minor)),
+        "{} ({}) is built against k8s.io/kubernetes {kubernetes}, not 1.{}: {help}",
+        bin.display(),
+        build.env,
+        build.controlplane.minor
+    );
     bin
+}
+
+/// The `k8s.io/kubernetes` version a Go binary was built against, from the module list the go
+/// command embeds (`go version -m` prints it): so a variable naming another release's build fails.
+fn built_against(bin: &Path) -> String {
+    let bytes = std::fs::read(bin).unwrap_or_else(|e| panic!("read {}: {e}", bin.display()));
+    let key = b"dep\tk8s.io/kubernetes\t";
+    let at = bytes.windows(key.len()).position(|w| w == key).map(|i| i + key.len());
+    let version = at.map(|i| bytes[i..].iter().take_while(|b| !b.is_ascii_whitespace()).copied().collect::<Vec<u8>>());
+    String::from_utf8_lossy(&version.unwrap_or_default()).into_owned()
 }
 
 /// Where one kubelet keeps its things.

@@ -89,6 +89,18 @@ pub fn bin_dir() -> PathBuf {
     dir
 }
 
+/// The release of the node's kubelet (`kubelet --version`): the control plane it joins is built
+/// from the same release, as on a cluster whose nodes run their control plane's version.
+pub fn release() -> super::controlplane::Release {
+    let kubelet = bin_dir().join("kubelet");
+    let out = output(&kubelet, &["--version"]);
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string(); // "Kubernetes v1.38.0-beta.0"
+    let minor = version.split('.').nth(1).and_then(|m| m.parse().ok());
+    minor.and_then(super::controlplane::release).unwrap_or_else(|| {
+        panic!("{}: {version:?} is no release of the test matrix (1.36, 1.37, 1.38)", kubelet.display())
+    })
+}
+
 /// The image archives: migdra's (`hack/build-image.sh`, or `$MIGDRA_IMAGE_ARCHIVE`; under
 /// `.ci/run` built in the background, `MIGDRA_IMAGE_BUILD_LOG` naming its log, so this waits for
 /// it), then the pause and workload images (`hack/node-images.sh`, built into `dir`).

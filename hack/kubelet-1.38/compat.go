@@ -1,0 +1,1 @@
+../kubelet-1.37/compat.go

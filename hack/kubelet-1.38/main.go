@@ -1,0 +1,1 @@
+../kubelet-1.36/main.go
