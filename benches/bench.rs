@@ -32,7 +32,7 @@ use migdra::kube::slices::{self, GpuSlices, Layout};
 use migdra::kubelet::client::{TestKubelet, Version};
 use migdra::mig::catalog;
 use migdra::mig::counters;
-use migdra::mig::devices::{GpuIdentity, GpuMode, gpu_devices};
+use migdra::mig::devices::{GpuIdentity, GpuMode, Topology, gpu_devices};
 use migdra::packing::{Policy, SliceOrder};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -455,6 +455,8 @@ fn sixteen_h100s() -> Vec<GpuSlices> {
                 slurm_index: Some(i),
                 slurm_index_source: "nvml".into(),
                 shards_per_gpu: m.memory_slices,
+                // As a node reads it: a root complex per GPU, half on each NUMA node.
+                topology: Topology { pcie_root: Some(format!("pci0000:{:02x}", 0x0d + i)), numa_node: Some(i / 8) },
             };
             GpuSlices {
                 minor: i,

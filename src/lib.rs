@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod mig;
 pub mod names;
 pub mod packing;
+pub mod pci;
 pub mod prepare;
 pub mod slurm;
 pub mod state;

@@ -232,7 +232,7 @@ fn fuzz_slurm_index_map() {
     let strategy = prop_oneof!["\\PC{0,200}", pieces(MAP_WORDS, 50)];
     fuzz("Slurm index map parsing", strategy, |text| {
         let _ = indexmap::parse(&text, Path::new("map.yaml"));
-        let _ = indexmap::normalize_pci(&text);
+        let _ = migdra::pci::bus_id(&text);
         Ok(())
     });
 }

@@ -53,6 +53,7 @@ pub fn open_nvml(global: &Global, events: bool) -> Result<NvmlBackend, CliError>
         driver_root: global.driver_root.clone(),
         procfs: Procfs::new(&global.procfs_root),
         watch_events: events,
+        sysfs_root: Some(global.sysfs_root.clone()),
     };
     Ok(NvmlBackend::open(&opts)?)
 }

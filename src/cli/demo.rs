@@ -350,6 +350,7 @@ impl Demo<'_> {
                 slurm_index: Some(gpu.index),
                 slurm_index_source: Source::Nvml.as_str().into(),
                 shards_per_gpu: model.memory_slices,
+                topology: gpu.topology.clone(),
             };
             let devices: Vec<Device> = gpu_devices(
                 &model,

@@ -59,6 +59,10 @@ pub struct Global {
     /// Where the NVIDIA driver's procfs files are read (capability minors, /proc/devices, boot ID)
     #[arg(long, global = true, env = "MIGDRA_PROCFS_ROOT", value_name = "DIR", default_value = "/proc")]
     pub procfs_root: std::path::PathBuf,
+    /// Where each GPU's PCIe root complex and NUMA node are read (DIR/bus/pci/devices), published
+    /// as the standard attributes resource.kubernetes.io/pcieRoot and numaNode
+    #[arg(long, global = true, env = "MIGDRA_SYSFS_ROOT", value_name = "DIR", default_value = "/sys")]
+    pub sysfs_root: std::path::PathBuf,
     /// The host's root as migdra sees it: a prepare checks that the device nodes the claim's CDI
     /// spec names by path (DIR/dev/nvidiactl, DIR/dev/nvidia<minor>, …) are character devices
     /// there, as the container runtime needs them, and fails naming a missing one; `none` skips

@@ -9,6 +9,7 @@
 pub mod nvml;
 pub mod procfs;
 pub mod sim;
+pub mod sysfs;
 pub mod xid;
 
 use crate::mig::catalog::GpuModel;
@@ -254,6 +255,9 @@ pub struct GpuInfo {
     /// False after a simulated or real XID that makes the GPU unusable.
     #[serde(default = "yes")]
     pub healthy: bool,
+    /// Where it sits on the host (sysfs): the standard attributes `pcieRoot` and `numaNode`.
+    #[serde(default)]
+    pub topology: crate::mig::devices::Topology,
 }
 
 fn yes() -> bool {

@@ -10,6 +10,12 @@ use std::collections::BTreeMap;
 
 /// The standard attribute for a PCI bus ID (KEP-4817).
 pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// The standard attribute for the PCIe root complex (`pci0000:15`): a claim's `matchAttribute`
+/// constraint on it puts a MIG slice and a NIC of another driver under the same root.
+pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// The standard attribute for the NUMA node (KEP-6072, stable in 1.37; an int): the same
+/// alignment with CPUs, memory and NICs by node.
+pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 /// Attributes and capacities per device, everywhere (k8s `ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 
@@ -35,6 +41,17 @@ impl GpuMode {
     }
 }
 
+/// Where a GPU sits on the host, as the kernel says (sysfs; simulated in tests). Each part is
+/// published on all of the GPU's devices when known, and left out when not: a claim that
+/// asks for it then finds no device rather than a wrong one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Topology {
+    /// The PCIe root complex, `pci<domain>:<bus>` (the first directory under `/sys/devices`).
+    pub pcie_root: Option<String>,
+    /// The NUMA node; `None` where the kernel reports none (-1) or no file.
+    pub numa_node: Option<u32>,
+}
+
 /// What the device model needs to know about one physical GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuIdentity {
@@ -52,6 +69,7 @@ pub struct GpuIdentity {
     pub slurm_index_source: String,
     /// Slurm shards that stand for the whole GPU.
     pub shards_per_gpu: u32,
+    pub topology: Topology,
 }
 
 /// A DRA device attribute value.
@@ -195,6 +213,12 @@ fn common(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode) -> BTreeMap<String
     ]);
     if let Some(i) = gpu.slurm_index {
         attributes.insert("slurmGpuIndex".into(), Int(i.into()));
+    }
+    if let Some(root) = &gpu.topology.pcie_root {
+        attributes.insert(PCIE_ROOT.into(), String(root.clone()));
+    }
+    if let Some(node) = gpu.topology.numa_node {
+        attributes.insert(NUMA_NODE.into(), Int(node.into()));
     }
     attributes
 }
@@ -376,6 +400,7 @@ mod tests {
             slurm_index: Some(5),
             slurm_index_source: "gres.conf".into(),
             shards_per_gpu: model.memory_slices,
+            topology: Topology { pcie_root: Some("pci0000:37".into()), numa_node: Some(1) },
         }
     }
 
@@ -391,6 +416,19 @@ mod tests {
                 slurm_index: Some(slurm_index),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_topology_is_on_every_device_of_its_gpu_and_left_out_when_unknown() {
+        let m = model("h100-80gb").unwrap();
+        let mut gpu = identity(m);
+        let with = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Slurm, &Allowlist::all());
+        assert!(with.iter().all(|d| d.attributes[PCIE_ROOT] == AttributeValue::String("pci0000:37".into())
+            && d.attributes[NUMA_NODE] == AttributeValue::Int(1)));
+        gpu.topology = Topology::default();
+        let without = gpu_devices(m, &gpu, GpuMode::Dynamic, true, &[], NameStyle::Slurm, &Allowlist::all());
+        assert_eq!(with.len(), without.len());
+        assert!(without.iter().all(|d| !d.attributes.contains_key(PCIE_ROOT) && !d.attributes.contains_key(NUMA_NODE)));
     }
 
     #[test]
@@ -433,6 +471,8 @@ mod tests {
         assert_eq!(a("driverVersion"), AttributeValue::Version("580.95.5".into()));
         assert_eq!(a("cudaComputeCapability"), AttributeValue::Version("9.0.0".into()));
         assert_eq!(a(PCI_BUS_ID), AttributeValue::String("00000000:3B:00.0".into()));
+        assert_eq!(a(PCIE_ROOT), AttributeValue::String("pci0000:37".into()));
+        assert_eq!(a(NUMA_NODE), AttributeValue::Int(1));
         assert!(!d.attributes.contains_key("uuid"), "no UUID before the instance exists");
         assert_eq!(d.capacity["memory"].to_string(), "40192Mi");
         assert_eq!(devices[0].name, "gpu-3");

@@ -163,6 +163,7 @@ mod tests {
             slurm_index: Some(0),
             slurm_index_source: "nvml".into(),
             shards_per_gpu: 7,
+            topology: Default::default(),
         }
     }
 

@@ -326,6 +326,7 @@ pub(crate) mod tests {
             slurm_index: Some(0),
             slurm_index_source: "nvml".into(),
             shards_per_gpu: 8,
+            topology: Default::default(),
         };
         let devices = gpu_devices(
             m,

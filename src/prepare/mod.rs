@@ -161,6 +161,7 @@ impl GpuEntry {
             slurm_index: self.slurm.index,
             slurm_index_source: self.slurm.source.as_str().into(),
             shards_per_gpu: self.slurm.shards,
+            topology: i.topology.clone(),
         }
     }
 }

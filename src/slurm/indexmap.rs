@@ -36,14 +36,14 @@ impl GpuKey {
         if s.len() > 4 && s.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GPU-")) {
             return Some(Self::Uuid(format!("GPU-{}", s[4..].to_ascii_lowercase())));
         }
-        normalize_pci(s).map(Self::PciBusId)
+        crate::pci::bus_id(s).map(Self::PciBusId)
     }
 
     /// Whether this names the GPU with `uuid` and `pci_bus_id` (as NVML reports them).
     pub fn matches(&self, uuid: &str, pci_bus_id: &str) -> bool {
         match self {
             Self::Uuid(u) => u.eq_ignore_ascii_case(uuid),
-            Self::PciBusId(p) => normalize_pci(pci_bus_id).as_deref() == Some(p),
+            Self::PciBusId(p) => crate::pci::bus_id(pci_bus_id).as_deref() == Some(p),
         }
     }
 }
@@ -54,20 +54,6 @@ impl std::fmt::Display for GpuKey {
             Self::Uuid(u) | Self::PciBusId(u) => f.write_str(u),
         }
     }
-}
-
-/// `00000000:3B:00.0`, `0000:3b:00.0` and `3b:00.0` → `0000:3b:00.0`.
-pub fn normalize_pci(s: &str) -> Option<String> {
-    let parts: Vec<&str> = s.split(':').collect();
-    let (domain, bus, devfn) = match parts.as_slice() {
-        [d, b, f] => (*d, *b, *f),
-        [b, f] => ("0", *b, *f),
-        _ => return None,
-    };
-    let (dev, func) = devfn.split_once('.')?;
-    let hex = |x: &str, max: u32| u32::from_str_radix(x, 16).ok().filter(|v| *v <= max && !x.is_empty());
-    let domain = hex(domain, 0xffff)?;
-    Some(format!("{domain:04x}:{:02x}:{:02x}.{:x}", hex(bus, 0xff)?, hex(dev, 0x1f)?, hex(func, 0x7)?))
 }
 
 /// Read the map file.
@@ -141,14 +127,5 @@ mod tests {
             let e = p(text).unwrap_err();
             assert!(e.starts_with(want) || e.contains(want), "{text:?}: {e}");
         }
-    }
-
-    #[test]
-    fn pci_forms() {
-        assert_eq!(normalize_pci("00000000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
-        assert_eq!(normalize_pci("0001:c1:1f.7").as_deref(), Some("0001:c1:1f.7"));
-        assert_eq!(normalize_pci("3b:00.0").as_deref(), Some("0000:3b:00.0"));
-        assert_eq!(normalize_pci("3b:00"), None);
-        assert_eq!(normalize_pci("zz:00.0"), None);
     }
 }

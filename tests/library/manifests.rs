@@ -430,6 +430,7 @@ fn published(driver: &str) -> Published {
             slurm_index: Some(0),
             slurm_index_source: "gres.conf".into(),
             shards_per_gpu: 8,
+            topology: devices::Topology { pcie_root: Some("pci0000:37".into()), numa_node: Some(0) },
         };
         let existing: Vec<devices::ExistingInstance> = model
             .profiles

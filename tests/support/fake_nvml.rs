@@ -57,6 +57,8 @@ pub struct FakeNode {
     pub procfs: PathBuf,
     /// This node's copy of the library, as `libnvidia-ml.so.1`.
     pub lib: PathBuf,
+    /// `--sysfs-root`: where each GPU sits, as the simulator places it ([`write_sysfs`]).
+    pub sysfs: PathBuf,
     /// `--host-root`: a directory holding the GPUs' device nodes, or `none`.
     pub host_root: PathBuf,
     /// Every NVML function called through this copy, one per line.
@@ -87,17 +89,24 @@ impl FakeNode {
             conf.push_str(&format!("{k}={v}\n"));
         }
         std::fs::write(libdir.join("fake-nvml.conf"), conf).unwrap();
+        let sysfs = node.path().join("sys");
+        write_sysfs(&sysfs, &hw.gpus().expect("the simulator's GPUs"));
         let host = node.path().join("host");
         let minors: Vec<u64> = hw.gpus().expect("the simulator's GPUs").iter().map(|g| u64::from(g.minor)).collect();
         let host_root = if make_device_nodes(&host, &minors) { host } else { PathBuf::from("none") };
-        let node = node.nvml(lib.clone(), procfs.clone()).host_root(&host_root);
-        FakeNode { node, state, procfs, lib, trace, host_root, hw }
+        let node = node.nvml(lib.clone(), procfs.clone(), sysfs.clone()).host_root(&host_root);
+        FakeNode { node, state, procfs, sysfs, lib, trace, host_root, hw }
     }
 
     /// `migdra` on this node's NVML alone (the library and its procfs tree), no other flags.
     pub fn migdra(&self) -> Command {
         let mut cmd = migdra();
-        cmd.arg("--nvml-lib").arg(&self.lib).arg("--procfs-root").arg(&self.procfs);
+        cmd.arg("--nvml-lib")
+            .arg(&self.lib)
+            .arg("--procfs-root")
+            .arg(&self.procfs)
+            .arg("--sysfs-root")
+            .arg(&self.sysfs);
         cmd.arg("--host-root").arg(&self.host_root);
         cmd
     }
@@ -108,6 +117,7 @@ impl FakeNode {
             driver_root: None,
             procfs: Procfs::new(&self.procfs),
             watch_events,
+            sysfs_root: Some(self.sysfs.clone()),
         }
     }
 
@@ -119,5 +129,22 @@ impl FakeNode {
     /// The NVML functions called so far.
     pub fn calls(&self) -> Vec<String> {
         std::fs::read_to_string(&self.trace).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+}
+
+/// A sysfs tree placing each GPU as the simulator does: `devices/<pcie root>/<bus id>` with its
+/// `numa_node`, and the `bus/pci/devices/<bus id>` link into it that the kernel makes.
+fn write_sysfs(root: &Path, gpus: &[migdra::gpu::GpuInfo]) {
+    let links = root.join("bus/pci/devices");
+    std::fs::create_dir_all(&links).unwrap();
+    for g in gpus {
+        let (Some(bdf), Some(pcie_root)) = (migdra::pci::bus_id(&g.pci_bus_id), g.topology.pcie_root.as_ref()) else {
+            continue;
+        };
+        let device = root.join("devices").join(pcie_root).join(&bdf);
+        std::fs::create_dir_all(&device).unwrap();
+        let node = g.topology.numa_node.map_or(-1, i64::from);
+        std::fs::write(device.join("numa_node"), format!("{node}\n")).unwrap();
+        std::os::unix::fs::symlink(format!("../../../devices/{pcie_root}/{bdf}"), links.join(&bdf)).unwrap();
     }
 }

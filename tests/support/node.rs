@@ -29,7 +29,7 @@ pub enum Gpus {
     /// The simulator in the daemon's memory (`--sim`): no NVML latency, no file.
     InMemory(String),
     /// The NVML backend on this library and procfs tree (the fake libnvidia-ml).
-    Nvml { lib: PathBuf, procfs: PathBuf },
+    Nvml { lib: PathBuf, procfs: PathBuf, sysfs: PathBuf },
 }
 
 /// One node's directories; removed when dropped.
@@ -93,9 +93,9 @@ impl NodeDir {
         self
     }
 
-    /// GPUs through NVML, from this library and procfs tree.
-    pub fn nvml(mut self, lib: PathBuf, procfs: PathBuf) -> Self {
-        self.gpus = Gpus::Nvml { lib, procfs };
+    /// GPUs through NVML, from this library, procfs tree and sysfs tree.
+    pub fn nvml(mut self, lib: PathBuf, procfs: PathBuf, sysfs: PathBuf) -> Self {
+        self.gpus = Gpus::Nvml { lib, procfs, sysfs };
         self
     }
 
@@ -175,9 +175,10 @@ impl NodeDir {
         match &self.gpus {
             Gpus::StateFile => flag("--sim-state", self.sim_state().into()),
             Gpus::InMemory(spec) => flag("--sim", spec.into()),
-            Gpus::Nvml { lib, procfs } => {
+            Gpus::Nvml { lib, procfs, sysfs } => {
                 flag("--nvml-lib", lib.into());
                 flag("--procfs-root", procfs.into());
+                flag("--sysfs-root", sysfs.into());
             }
         }
         // Every command sees the daemon's plugin directory: the device metadata lives there.

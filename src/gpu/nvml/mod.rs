@@ -53,6 +53,8 @@ pub struct NvmlOptions {
     pub procfs: Procfs,
     /// Watch XID events (the daemon does; one-shot commands need not).
     pub watch_events: bool,
+    /// Where the GPUs' PCIe root and NUMA node are read (`--sysfs-root`); `None`: `/sys`.
+    pub sysfs_root: Option<PathBuf>,
 }
 
 /// What discovery found about a GPU at start; its model does not change while migdra runs.
@@ -63,6 +65,8 @@ struct Known {
     model: GpuModel,
     /// What discovery said at start: reported, unhealthy, once the GPU is lost.
     identity: discovery::Identity,
+    /// Where it sits on the host, read from `/sys` once: it does not move while migdra runs.
+    topology: crate::mig::devices::Topology,
 }
 
 /// The NVML backend.
@@ -126,6 +130,8 @@ impl NvmlBackend {
                 }
                 Err(e) => return Err(e),
             };
+            let sysfs = opts.sysfs_root.as_deref().unwrap_or(std::path::Path::new("/sys"));
+            let topology = crate::gpu::sysfs::topology(sysfs, &id.pci_bus_id);
             tracing::info!(
                 index,
                 minor = id.minor,
@@ -133,9 +139,11 @@ impl NvmlBackend {
                 name = %id.name,
                 mig = ?id.mig,
                 model = %model.key,
+                pcie_root = topology.pcie_root.as_deref().unwrap_or("unknown"),
+                numa_node = ?topology.numa_node,
                 "NVML GPU"
             );
-            gpus.push(Known { index, uuid: id.uuid.clone(), model, identity: id });
+            gpus.push(Known { index, uuid: id.uuid.clone(), model, identity: id, topology });
         }
         let nvml = Arc::new(nvml);
         let health = Arc::new(HealthBook::default());
@@ -275,6 +283,7 @@ impl GpuBackend for NvmlBackend {
                 driver_version: driver.clone(),
                 cuda_driver_version: cuda.clone(),
                 cuda_compute_capability: id.cuda_compute_capability,
+                topology: k.topology.clone(),
             });
         }
         Ok(out)

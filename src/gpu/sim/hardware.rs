@@ -106,6 +106,20 @@ pub(super) fn yes() -> bool {
 /// PCI buses of an 8-GPU HGX board, in NVML (bus) order.
 pub(super) const HGX_BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 
+/// The PCI bus of GPU `i` of `n`: an HGX board's buses for up to eight, evenly spaced beyond.
+fn bus(i: usize, n: usize) -> u32 {
+    if n <= HGX_BUSES.len() { HGX_BUSES[i] } else { 0x04 + 3 * i as u32 }
+}
+
+/// Where GPU `i` of `n` sits, as on an HGX board: each behind its own PCIe root complex (the
+/// port above its switch, three buses up), the first half on NUMA node 0 and the rest on node 1.
+fn topology(i: usize, n: usize) -> crate::mig::devices::Topology {
+    crate::mig::devices::Topology {
+        pcie_root: Some(format!("pci0000:{:02x}", bus(i, n) - 3)),
+        numa_node: Some(u32::try_from(2 * i / n.max(1)).unwrap_or(0)),
+    }
+}
+
 impl SimState {
     /// Fresh hardware for a spec: no instances, identity derived from `seed`.
     pub fn new(spec: &SimSpec, seed: u64) -> SimState {
@@ -125,7 +139,7 @@ impl SimState {
         for (i, g) in spec.gpus.iter().enumerate() {
             // Minors swap in pairs (0↔1, 2↔3, …); an odd last GPU keeps its index.
             let minor = if i % 2 == 0 { if i + 1 < n { i + 1 } else { i } } else { i - 1 };
-            let bus = if n <= HGX_BUSES.len() { HGX_BUSES[i] } else { 0x04 + 3 * i as u32 };
+            let bus = bus(i, n);
             let (a, b) = (st.next_u64(), st.next_u64());
             st.gpus.push(SimGpu {
                 index: i as u32,
@@ -178,6 +192,7 @@ impl SimState {
             cuda_driver_version: CUDA_DRIVER_VERSION.to_string(),
             cuda_compute_capability: m.cuda_compute_capability,
             healthy: g.healthy,
+            topology: topology(i, self.gpus.len()),
         }
     }
 

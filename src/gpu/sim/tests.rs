@@ -104,6 +104,13 @@ fn identity_minors_differ_from_indexes_and_ids_look_like_nvml() {
     assert_eq!(sim("h100-80gb:2,h100-80gb:1:mig-off").gpus().unwrap(), gpus);
     let other = SimBackend::in_memory_seeded(&spec("h100-80gb:1"), 7).gpus().unwrap();
     assert_ne!(other[0].uuid, gpus[0].uuid);
+    // As on an HGX board: a root complex per GPU (the same form sysfs gives), half on each node.
+    let eight = sim("h100-80gb:8").gpus().unwrap();
+    let roots: std::collections::BTreeSet<_> = eight.iter().map(|g| g.topology.pcie_root.clone().unwrap()).collect();
+    assert_eq!(roots.len(), 8, "{roots:?}");
+    assert!(roots.iter().all(|r| r.starts_with("pci0000:")), "{roots:?}");
+    let nodes: Vec<u32> = eight.iter().map(|g| g.topology.numa_node.unwrap()).collect();
+    assert_eq!(nodes, [0, 0, 0, 0, 1, 1, 1, 1]);
     // Many GPUs still get distinct buses.
     let big = SimBackend::in_memory_seeded(&spec("h100-80gb:64"), 1).gpus().unwrap();
     let mut b: Vec<&str> = big.iter().map(|g| g.pci_bus_id.as_str()).collect();

@@ -442,6 +442,7 @@ pub(crate) mod tests {
             slurm_index: Some(index),
             slurm_index_source: "nvml".into(),
             shards_per_gpu: m.memory_slices,
+            topology: Default::default(),
         }
     }
 
