@@ -37,9 +37,9 @@ done
 # One after another: the real node and Slurm tests wait on real time, and a test binary running
 # beside them starves their kubelet, containerd and API server (tried: a prepare ran past the
 # kubelet's timeout). --no-fail-fast: one run shows every failing binary.
+cargo_test=(cargo test --locked --workspace --features migdra/crash-points)
 # The pre-release's kubelet code runs with the rest of 1.38, below.
-cargo test --locked --workspace --features migdra/crash-points --no-fail-fast --lib --bins "${targets[@]}" \
-  -- --show-output --skip kubelet_138_ 2>&1 | tee "$log"
+"${cargo_test[@]}" --no-fail-fast --lib --bins "${targets[@]}" -- --show-output --skip kubelet_138_ 2>&1 | tee "$log"
 # The other releases, after the whole suite: the tests whose outcome depends on what the API
 # server, the scheduler and the kubelet do. These six are the same on every release and do not
 # run again: five test migdra's own recovery (a crash, a refused watch, an absent server, a
@@ -53,7 +53,6 @@ same_on_every_release=(
   serve_killed_after_an_api_write_converges_when_started_again
   serve_waits_for_an_api_server_that_is_not_there_yet
 )
-cargo_test=(cargo test --locked --workspace --features migdra/crash-points)
 # One release after another, as the suite above: run side by side (tried in CI), their API
 # servers stopped answering in time under the background builds' load.
 for var in MIGDRA_CONTROLPLANE_136_BIN; do

@@ -210,6 +210,19 @@ impl Cluster {
         self.pods().create(&PostParams::default(), &pod).await.unwrap();
     }
 
+    /// A DeviceClass of every device of another DRA driver.
+    async fn create_driver_class(&self, name: &str, driver: &str) {
+        let class: k8s_openapi::api::resource::v1::DeviceClass = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{driver}\"")}}]}
+        }))
+        .unwrap();
+        Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+
     /// A pod as written for NVIDIA's device plugin: an extended resource in its limits, no claim.
     async fn create_device_plugin_pod(&self, name: &str, resource: &str) {
         let pod: Pod = serde_json::from_value(json!({
@@ -871,15 +884,7 @@ async fn standard_attributes_align_a_mig_slice_with_another_drivers_nic() {
 
     // A NIC driver's slice on the same node: one NIC under that H100's root, one under none of ours.
     let nic_root = roots[&h100].0.clone();
-    let nic_class = serde_json::from_value(json!({
-        "metadata": {"name": "nic"},
-        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nic.example.com'"}}]}
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(cluster.client.clone())
-        .create(&PostParams::default(), &nic_class)
-        .await
-        .unwrap();
+    cluster.create_driver_class("nic", "nic.example.com").await;
     let nic = |name: &str, root: &str| json!({"name": name, "attributes": {PCIE_ROOT: {"string": root}}});
     let nics: ResourceSlice = serde_json::from_value(json!({
         "metadata": {"name": "nics"},
@@ -2426,15 +2431,7 @@ async fn kubectl_migdra_explains_pending_pods_and_draws_usage() {
     fails(&["why", "deploy/x", "-n", NS], &kc, 2, "unknown kind \"deploy\"");
     cluster.create_device_plugin_pod("no-claims", "cpu").await;
     fails(&["why", "no-claims", "-n", NS], &kc, 2, "pod team-a/no-claims has no resource claims");
-    let other: k8s_openapi::api::resource::v1::DeviceClass = serde_json::from_value(json!({
-        "metadata": {"name": "other-driver"},
-        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.example.com\""}}]}
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(cluster.client.clone())
-        .create(&PostParams::default(), &other)
-        .await
-        .unwrap();
+    cluster.create_driver_class("other-driver", "gpu.example.com").await;
     create_claim(&cluster.claims(), "other", "other-driver", &[]).await;
     cluster.create_pod("other", "", Some("other")).await;
     fails(&["why", "other", "-n", NS], &kc, 2, "pod team-a/other has no claim for mig.slinky.slurm.net devices");
