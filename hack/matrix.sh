@@ -1,11 +1,11 @@
 # Sourced by hack/test.sh and .ci/run: exports the bin directories of the Kubernetes test matrix,
 # building what is missing. Variables already set are kept, so a caller can name its own builds.
 #
-# The Kubernetes releases the tests run against: 1.37.2 (the newest), 1.36.3 and the pre-release
-# 1.38.0-beta.0 (hack/prerelease.sh, below). Each control
-# plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) is built from its pinned Go
-# modules when missing (hack/controlplane-1.37, hack/controlplane-1.36; 5-8 minutes each when
-# cold) and cached outside the repo; the build prints its bin directory as its last line.
+# The Kubernetes releases the tests run against: 1.37.2 (the newest: the whole suite), then 1.36.3
+# and the pre-release 1.38.0-beta.0 (hack/build-release.sh, below). Each control plane (etcd,
+# kube-apiserver, kube-scheduler, kube-controller-manager) is built from its pinned Go modules when
+# missing (hack/controlplane-<release>; 5-8 minutes each when cold) and cached outside the repo; the
+# build prints its bin directory as its last line.
 # 1.34 (past its end of life) left the matrix after ad9ee16, the last commit that passed on 1.34:
 # its build and tests cost ~9 minutes of a cold CI run that had to stay under 60.
 # built VAR SCRIPT [MODULE]: export VAR as the bin directory SCRIPT builds (from MODULE), unless set.
@@ -16,23 +16,23 @@ built() {
   export "$1=$dir"
 }
 built MIGDRA_CONTROLPLANE_137_BIN hack/build-controlplane.sh hack/controlplane-1.37
-built MIGDRA_CONTROLPLANE_136_BIN hack/build-controlplane.sh hack/controlplane-1.36
 # The whole suite runs against the newest; tests/controlplane.rs runs again on the others below.
 export MIGDRA_CONTROLPLANE_BIN=${MIGDRA_CONTROLPLANE_BIN:-$MIGDRA_CONTROLPLANE_137_BIN}
-# tests/kubelet_code.rs drives migdra with the kubelet's own code (hack/kubelet-1.36: its plugin
-# manager, DRA manager and the CDI library) of 1.37 and 1.36, each against the control plane
-# of its own release; built from pinned Go modules and cached the same way (a few minutes each when
-# cold).
+# tests/kubelet_code.rs drives migdra with the kubelet's own code (hack/kubelet-<release>: its
+# plugin manager, DRA manager and the CDI library) of each release, against the control plane of its
+# own release; built from pinned Go modules and cached the same way (a few minutes each when cold).
 built MIGDRA_KUBELET_137_BIN hack/build-kubelet.sh hack/kubelet-1.37
-built MIGDRA_KUBELET_136_BIN hack/build-kubelet.sh hack/kubelet-1.36
 # tests/node/ runs a real node: the kubelet binary and kubectl (1.37, from the control plane's
 # module set), containerd, runc and crictl; built and cached the same way (about 12 minutes cold).
 built MIGDRA_NODE_BIN hack/build-node.sh
-# The pre-release, 1.38.0-beta.0: its control plane, kubelet code and node (hack/prerelease.sh),
-# on which hack/test.sh runs the control-plane tests, the kubelet code and the chart on a real node
-# again. .ci/run builds them in the background and names the log hack/test.sh waits for.
-if [[ -z ${MIGDRA_PRERELEASE_LOG:-} && -z ${MIGDRA_NODE_138_BIN:-} ]]; then
-  eval "$(bash hack/prerelease.sh)"
+# The releases hack/test.sh runs after the main suite, 1.36.3 (its control plane and kubelet code)
+# and the pre-release 1.38.0-beta.0 (those and a node): hack/build-release.sh. .ci/run builds them
+# in the background and names the logs, ending with their variables, that hack/test.sh waits for.
+if [[ -z ${MIGDRA_RELEASE_136_LOG:-} && -z ${MIGDRA_KUBELET_136_BIN:-} ]]; then
+  eval "$(bash hack/build-release.sh 1.36)"
+fi
+if [[ -z ${MIGDRA_RELEASE_138_LOG:-} && -z ${MIGDRA_NODE_138_BIN:-} ]]; then
+  eval "$(bash hack/build-release.sh 1.38 --node)"
 fi
 # Slurm: Debian 12's 22.05 is installed by hack/slurm-deps.sh; 26.05, the release slurm-bridge
 # users run, comes from Debian unstable in a chroot (hack/slurm-2605.sh, cached, about 1.5 minutes
@@ -54,20 +54,16 @@ if [[ -n ${MIGDRA_BRIDGE_BIN:-} ]] || bash hack/build-bridge.sh --peers >/dev/nu
     bash hack/build-bridge.sh --patched --unit-tests >/dev/null
   fi
 fi
-echo "control planes of the matrix:"
-for var in MIGDRA_CONTROLPLANE_137_BIN MIGDRA_CONTROLPLANE_136_BIN; do
-  printf '  %s: %s (%s)\n' "$var" "$("${!var}/kube-apiserver" --version)" "${!var}"
+echo "control planes of the matrix and the kubelet code of their releases:"
+for minor in 137 136 138; do
+  cp=MIGDRA_CONTROLPLANE_${minor}_BIN kubelet=MIGDRA_KUBELET_${minor}_BIN log=MIGDRA_RELEASE_${minor}_LOG
+  if [[ -n ${!kubelet:-} ]]; then
+    printf '  %s: %s (%s), kubelet code %s\n' "$cp" "$("${!cp}/kube-apiserver" --version)" "${!cp}" "${!kubelet}"
+  else
+    printf '  1.%s: building in the background (hack/build-release.sh, log %s)\n' "${minor#1}" "${!log:-}"
+  fi
 done
-echo "kubelet code:"
-for var in MIGDRA_KUBELET_137_BIN MIGDRA_KUBELET_136_BIN; do
-  printf '  %s: %s\n' "$var" "${!var}"
-done
-if [[ -n ${MIGDRA_NODE_138_BIN:-} ]]; then
-  echo "pre-release: $("$MIGDRA_CONTROLPLANE_138_BIN/kube-apiserver" --version) ($MIGDRA_CONTROLPLANE_138_BIN)," \
-    "kubelet code $MIGDRA_KUBELET_138_BIN, node $MIGDRA_NODE_138_BIN"
-else
-  echo "pre-release: 1.38.0-beta.0 building in the background (hack/prerelease.sh, log $MIGDRA_PRERELEASE_LOG)"
-fi
+[[ -z ${MIGDRA_NODE_138_BIN:-} ]] || echo "  the 1.38 node (tests/node/ on 1.38): $MIGDRA_NODE_138_BIN"
 echo "real node (tests/node/): $MIGDRA_NODE_BIN"
 printf '  %s\n' "$("$MIGDRA_NODE_BIN/kubelet" --version)" "containerd $("$MIGDRA_NODE_BIN/containerd" --version | awk '{print $3}')" \
   "$("$MIGDRA_NODE_BIN/runc" --version | head -n 1)" "$("$MIGDRA_NODE_BIN/crictl" --version)" \

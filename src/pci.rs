@@ -15,6 +15,13 @@ pub fn bus_id(s: &str) -> Option<String> {
     Some(format!("{domain:04x}:{:02x}:{:02x}.{:x}", hex(bus, 0xff)?, hex(dev, 0x1f)?, hex(func, 0x7)?))
 }
 
+/// The form Kubernetes' standard attribute `resource.kubernetes.io/pciBusID` requires (and the
+/// claim's `parentPCIBusID`, so the two compare equal); an address that does not parse is kept as
+/// it was given, so nothing is lost.
+pub fn standard(s: &str) -> String {
+    bus_id(s).unwrap_or_else(|| s.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -24,5 +31,7 @@ mod tests {
         assert_eq!(super::bus_id("3b:00.0").as_deref(), Some("0000:3b:00.0"));
         assert_eq!(super::bus_id("3b:00"), None);
         assert_eq!(super::bus_id("zz:00.0"), None);
+        assert_eq!(super::standard("00000000:3B:00.0"), "0000:3b:00.0");
+        assert_eq!(super::standard("not-an-address"), "not-an-address");
     }
 }

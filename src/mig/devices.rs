@@ -209,7 +209,7 @@ fn common(model: &GpuModel, gpu: &GpuIdentity, mode: GpuMode) -> BTreeMap<String
         ("architecture".into(), String(model.architecture.clone())),
         ("cudaComputeCapability".into(), Version(semver(&format!("{major}.{minor}")))),
         ("driverVersion".into(), Version(semver(&gpu.driver_version))),
-        (PCI_BUS_ID.into(), String(gpu.pci_bus_id.clone())),
+        (PCI_BUS_ID.into(), String(crate::pci::standard(&gpu.pci_bus_id))),
     ]);
     if let Some(i) = gpu.slurm_index {
         attributes.insert("slurmGpuIndex".into(), Int(i.into()));
@@ -470,7 +470,7 @@ mod tests {
         assert_eq!(a("slurmShards"), AttributeValue::Int(4));
         assert_eq!(a("driverVersion"), AttributeValue::Version("580.95.5".into()));
         assert_eq!(a("cudaComputeCapability"), AttributeValue::Version("9.0.0".into()));
-        assert_eq!(a(PCI_BUS_ID), AttributeValue::String("00000000:3B:00.0".into()));
+        assert_eq!(a(PCI_BUS_ID), AttributeValue::String("0000:3b:00.0".into()), "the standard form, not NVML's");
         assert_eq!(a(PCIE_ROOT), AttributeValue::String("pci0000:37".into()));
         assert_eq!(a(NUMA_NODE), AttributeValue::Int(1));
         assert!(!d.attributes.contains_key("uuid"), "no UUID before the instance exists");

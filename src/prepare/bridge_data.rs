@@ -54,7 +54,7 @@ pub fn status_data(d: &DeviceRecord, slurm: &GpuSlurm) -> DeviceStatusData {
     DeviceStatusData {
         mig_uuid: d.mig.as_ref().and_then(|m| m.uuid.clone()),
         parent_uuid: d.gpu_uuid.clone(),
-        parent_pci_bus_id: d.pci_bus_id.clone(),
+        parent_pci_bus_id: crate::pci::standard(&d.pci_bus_id),
         parent_minor: d.gpu_minor,
         slurm_gpu_index: slurm.index,
         slurm_gpu_index_source: slurm.source,

@@ -116,7 +116,7 @@ fn recorded_attributes(d: &DeviceRecord) -> BTreeMap<String, AttributeValue> {
     let mut a = BTreeMap::from([
         ("index".to_string(), Int(d.gpu_index.into())),
         ("minor".to_string(), Int(d.gpu_minor.into())),
-        (PCI_BUS_ID.to_string(), String(d.pci_bus_id.clone())),
+        (PCI_BUS_ID.to_string(), String(crate::pci::standard(&d.pci_bus_id))),
     ]);
     match &d.mig {
         None => {

@@ -785,7 +785,7 @@ pub(crate) mod tests {
             let attrs = three_g.attributes.as_ref().unwrap();
             assert_eq!(attrs["profileId"].int, Some(9));
             assert_eq!(attrs["driverVersion"].version.as_deref(), Some("580.95.5"));
-            assert_eq!(attrs[devices::PCI_BUS_ID].string.as_deref(), Some("00000000:18:00.0"));
+            assert_eq!(attrs[devices::PCI_BUS_ID].string.as_deref(), Some("0000:18:00.0"));
             assert_eq!(three_g.consumes_counters.as_ref().unwrap()[0].counters["memory"].value.0, "40192Mi");
         }
     }
