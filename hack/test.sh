@@ -77,15 +77,16 @@ with_136=(env "MIGDRA_CONTROLPLANE_BIN=$MIGDRA_CONTROLPLANE_136_BIN")
 "${with_136[@]}" "${cargo_test[@]}" --test controlplane -- --show-output "${same_on_every_release[@]/#/--skip=}" 2>&1 |
   tee -a "$log"
 "${with_136[@]}" "${cargo_test[@]}" --test kubelet_code -- --show-output kubelet_136_ 2>&1 | tee -a "$log"
-# The pre-release (1.38.0-beta.0): the same control-plane tests, its kubelet code, and the chart
-# on a real node whose kubelet is 1.38's, joined to 1.38's control plane.
+# The pre-release (1.38.0-beta.0): the same control-plane tests, its kubelet code, the Slurm loop
+# (Slurm 26.05) and the chart on a real node whose kubelet is 1.38's, joined to 1.38's control plane.
 await_release 138
 pre=(env "MIGDRA_CONTROLPLANE_BIN=$MIGDRA_CONTROLPLANE_138_BIN" "MIGDRA_NODE_BIN=$MIGDRA_NODE_138_BIN")
 echo "=== tests/controlplane.rs, $("$MIGDRA_CONTROLPLANE_138_BIN/kube-apiserver" --version), but the same six;" \
-  "its kubelet code; the chart on a real node, $("$MIGDRA_NODE_138_BIN/kubelet" --version)"
+  "its kubelet code; the Slurm loop; the chart on a real node, $("$MIGDRA_NODE_138_BIN/kubelet" --version)"
 "${pre[@]}" "${cargo_test[@]}" --test controlplane -- --show-output "${same_on_every_release[@]/#/--skip=}" \
   --skip a_server_that_drops_device_taints_is_not_rewritten_in_a_loop 2>&1 | tee -a "$log"
 "${pre[@]}" "${cargo_test[@]}" --test kubelet_code -- --show-output kubelet_138_ 2>&1 | tee -a "$log"
+"${pre[@]}" "${cargo_test[@]}" --test slurm_loop -- --show-output 2>&1 | tee -a "$log"
 "${pre[@]}" "${cargo_test[@]}" --test node -- --show-output --exact the_chart_on_a_real_node 2>&1 | tee -a "$log"
 if [[ -n $MIGDRA_SLURM_BIN ]]; then
   echo "=== tests/slurm.rs and tests/slurm_loop.rs, Slurm $(/usr/sbin/slurmd -V) (Debian 12)"
