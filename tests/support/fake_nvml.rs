@@ -30,7 +30,27 @@ pub fn library() -> &'static Path {
 
 fn build() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    // What cargo sets for this test process (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...) is not passed
+    // on: build scripts watch those names (ring's does), so this build and the next `cargo test`
+    // would each rebuild ring and all that depends on it (35 s a time in a cold CI run).
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let set_by_cargo =
+            ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_", "CARGO_CFG_"].iter().any(|p| name.starts_with(p))
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                    "OUT_DIR",
+                ]
+                .contains(&name.as_ref());
+        if set_by_cargo {
+            command.env_remove(name.as_ref());
+        }
+    }
+    let out = command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["build", "--locked", "--profile", "test", "-p", "fake-nvml", "--message-format", "json"])
         .output()
